@@ -1,0 +1,384 @@
+// Multi-threaded CPU implementation of the contract in embedding.h.
+//
+// Where the time goes: the forward and the optimizers are gathers/scatters of random table
+// rows, bound by memory latency, so they prefetch a few keys ahead and parallelise over
+// (table, row block). The backward is bound by sorting keys; it uses an LSD radix sort over
+// only the bits the largest key needs (two 11-bit passes for a 1M-row table), which is stable
+// and so keeps contributions to one key in position order: deterministic bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+
+#include "embedding.h"
+
+namespace embedlab {
+namespace {
+
+constexpr int kPrefetchDistance = 4;
+
+inline void prefetch_row(const float* row, int64_t dim) {
+  // One prefetch per 64-byte line; rows longer than 256 floats only get their head fetched,
+  // the hardware prefetcher follows sequential lines from there.
+  const int64_t lines = std::min<int64_t>((dim * 4 + 63) / 64, 16);
+  for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 0, 1);
+}
+
+// out[0:dim] += w * src[0:dim]; restrict lets the compiler vectorise.
+inline void axpy(float* __restrict out, const float* __restrict src, float w, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) out[d] += w * src[d];
+}
+inline void add(float* __restrict out, const float* __restrict src, int64_t dim) {
+  for (int64_t d = 0; d < dim; ++d) out[d] += src[d];
+}
+
+// Maps a flat unit index over several tables (unit = one row, or one index) to its table.
+struct FlatIndex {
+  std::vector<int64_t> starts;  // starts[t] = first unit of table t; starts[T] = total
+  template <typename F>
+  explicit FlatIndex(int num_tables, F units_of) : starts(num_tables + 1, 0) {
+    for (int t = 0; t < num_tables; ++t) starts[t + 1] = starts[t] + units_of(t);
+  }
+  int64_t total() const { return starts.back(); }
+  // Calls fn(t, begin, end) for the parts of [b, e) that fall in each table t.
+  template <typename F>
+  void for_each(int64_t b, int64_t e, F fn) const {
+    int t = static_cast<int>(std::upper_bound(starts.begin(), starts.end(), b) - starts.begin()) - 1;
+    while (b < e) {
+      const int64_t te = std::min(e, starts[t + 1]);
+      if (te > b) fn(t, b - starts[t], te - starts[t]);
+      b = te;
+      ++t;
+    }
+  }
+};
+
+void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
+  const int64_t dim = a.dim;
+  const int64_t* off = a.ids.row_offsets;
+  const int64_t* keys = a.ids.keys;
+  const float* w = a.ids.weights;
+  const int64_t jend = off[r1];
+  for (int64_t r = r0; r < r1; ++r) {
+    float* o = a.out + r * dim;
+    std::memset(o, 0, sizeof(float) * dim);
+    float wsum = 0.f;
+    for (int64_t j = off[r]; j < off[r + 1]; ++j) {
+      if (j + kPrefetchDistance < jend) {
+        const int64_t kp = keys[j + kPrefetchDistance];
+        if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
+      }
+      const int64_t k = keys[j];
+      if (k < 0) continue;
+      const float* src = a.table + k * dim;
+      if (w) {
+        axpy(o, src, w[j], dim);
+        wsum += w[j];
+      } else {
+        add(o, src, dim);
+        wsum += 1.f;
+      }
+    }
+    if (a.combiner == Combiner::kMean) {
+      if (wsum != 0.f) {
+        for (int64_t d = 0; d < dim; ++d) o[d] /= wsum;
+      } else {
+        std::memset(o, 0, sizeof(float) * dim);
+      }
+    }
+  }
+}
+
+// Stable LSD radix sort of indices 0..n-1 by keys[i] in [0, key_bound).
+void radix_order(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order) {
+  order->resize(n);
+  std::iota(order->begin(), order->end(), 0);
+  if (n < 2) return;
+  if (n < 64) {  // insertion sort is stable and beats histogram set-up here
+    auto& o = *order;
+    for (int64_t i = 1; i < n; ++i) {
+      const int64_t v = o[i];
+      int64_t j = i - 1;
+      while (j >= 0 && keys[o[j]] > keys[v]) {
+        o[j + 1] = o[j];
+        --j;
+      }
+      o[j + 1] = v;
+    }
+    return;
+  }
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) < key_bound) ++bits;
+  constexpr int kRadixBits = 11;
+  constexpr int64_t kBuckets = int64_t{1} << kRadixBits;
+  std::vector<int64_t> tmp(n);
+  std::vector<int64_t> kbuf(n), ktmp(n);  // keys carried along: sequential reads per pass
+  for (int64_t i = 0; i < n; ++i) kbuf[i] = keys[i];
+  std::vector<int64_t> count(kBuckets);
+  int64_t* src = order->data();
+  int64_t* dst = tmp.data();
+  int64_t* ksrc = kbuf.data();
+  int64_t* kdst = ktmp.data();
+  for (int shift = 0; shift < bits; shift += kRadixBits) {
+    std::fill(count.begin(), count.end(), 0);
+    for (int64_t i = 0; i < n; ++i) ++count[(ksrc[i] >> shift) & (kBuckets - 1)];
+    int64_t sum = 0;
+    for (auto& c : count) {
+      const int64_t t = c;
+      c = sum;
+      sum += t;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t p = count[(ksrc[i] >> shift) & (kBuckets - 1)]++;
+      dst[p] = src[i];
+      kdst[p] = ksrc[i];
+    }
+    std::swap(src, dst);
+    std::swap(ksrc, kdst);
+  }
+  if (src != order->data()) std::memcpy(order->data(), src, sizeof(int64_t) * n);
+}
+
+}  // namespace
+
+bool parse_combiner(const std::string& name, Combiner* out) {
+  if (name == "sum") { *out = Combiner::kSum; return true; }
+  if (name == "mean") { *out = Combiner::kMean; return true; }
+  return false;
+}
+
+std::string check_ids(const CsrIds& ids, int64_t num_rows) {
+  std::ostringstream m;
+  if (ids.batch < 0 || ids.nnz < 0) {
+    m << "negative size (batch " << ids.batch << ", nnz " << ids.nnz << ")";
+    return m.str();
+  }
+  const int64_t* off = ids.row_offsets;
+  if (off[0] != 0) {
+    m << "row_offsets[0] is " << off[0] << ", expected 0";
+    return m.str();
+  }
+  for (int64_t r = 0; r < ids.batch; ++r) {
+    if (off[r + 1] < off[r]) {
+      m << "row_offsets decrease at row " << r << " (" << off[r] << " then " << off[r + 1] << ")";
+      return m.str();
+    }
+  }
+  if (off[ids.batch] != ids.nnz) {
+    m << "row_offsets end at " << off[ids.batch] << " but there are " << ids.nnz << " keys";
+    return m.str();
+  }
+  for (int64_t j = 0; j < ids.nnz; ++j) {
+    const int64_t k = ids.keys[j];
+    if (k < -1 || k >= num_rows) {
+      const int64_t row = std::upper_bound(off, off + ids.batch + 1, j) - off - 1;
+      if (k < -1) {
+        m << "key " << k << " at position " << j << " (row " << row
+          << ") is negative; only -1 may mark a missing key";
+      } else {
+        m << "key " << k << " at position " << j << " (row " << row
+          << ") is outside the table of " << num_rows << " rows";
+      }
+      return m.str();
+    }
+  }
+  return "";
+}
+
+void lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
+  FlatIndex flat(num_tables, [&](int t) { return tables[t].ids.batch; });
+  if (flat.total() == 0) return;
+  int64_t work = 0;
+  for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
+  const int64_t cost = std::max<int64_t>(1, work / flat.total());  // ~1 ns per element
+  pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) {
+    flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) { forward_rows(tables[t], r0, r1); });
+  });
+}
+
+void sort_runs_cpu(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order,
+                   std::vector<int64_t>* run_starts, ThreadPool&) {
+  radix_order(keys, n, key_bound, order);
+  run_starts->clear();
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || keys[(*order)[i]] != keys[(*order)[i - 1]]) run_starts->push_back(i);
+  }
+  run_starts->push_back(n);
+}
+
+int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
+  args_ = args;
+  const CsrIds& ids = args.ids;
+  row_of_pos_.resize(ids.nnz);
+  row_scale_.assign(ids.batch, 1.f);
+  std::vector<int64_t> valid_keys;
+  std::vector<int64_t> valid_pos;
+  valid_keys.reserve(ids.nnz);
+  valid_pos.reserve(ids.nnz);
+  int64_t max_key = 0;
+  for (int64_t r = 0; r < ids.batch; ++r) {
+    float wsum = 0.f;
+    for (int64_t j = ids.row_offsets[r]; j < ids.row_offsets[r + 1]; ++j) {
+      row_of_pos_[j] = r;
+      const int64_t k = ids.keys[j];
+      if (k < 0) continue;
+      valid_keys.push_back(k);
+      valid_pos.push_back(j);
+      max_key = std::max(max_key, k);
+      wsum += ids.weights ? ids.weights[j] : 1.f;
+    }
+    row_scale_[r] = wsum;  // only read for mean
+  }
+  std::vector<int64_t> order, runs;
+  sort_runs_cpu(valid_keys.data(), static_cast<int64_t>(valid_keys.size()), max_key + 1, &order, &runs, pool);
+  sorted_keys_.resize(order.size());
+  sorted_pos_.resize(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    sorted_keys_[i] = valid_keys[order[i]];
+    sorted_pos_[i] = valid_pos[order[i]];
+  }
+  run_starts_ = std::move(runs);
+  return num_unique();
+}
+
+void LookupGradCpu::fill(int64_t* unique_keys, float* rows, ThreadPool& pool) const {
+  const int64_t nu = num_unique();
+  if (nu <= 0) return;
+  const int64_t dim = args_.dim;
+  const bool mean = args_.combiner == Combiner::kMean;
+  const float* w = args_.ids.weights;
+  const float* dy = args_.grad_out;
+  const int64_t cost = std::max<int64_t>(1, (static_cast<int64_t>(sorted_pos_.size()) / nu + 1) * dim);
+  pool.parallel_for(nu, cost, [&](int64_t b, int64_t e) {
+    for (int64_t u = b; u < e; ++u) {
+      const int64_t s = run_starts_[u], t = run_starts_[u + 1];
+      unique_keys[u] = sorted_keys_[s];
+      float* out = rows + u * dim;
+      std::memset(out, 0, sizeof(float) * dim);
+      for (int64_t i = s; i < t; ++i) {
+        const int64_t pos = sorted_pos_[i];
+        const int64_t r = row_of_pos_[pos];
+        const float* g = dy + r * dim;
+        const float wj = w ? w[pos] : 1.f;
+        if (mean) {
+          // d(sum/wsum)/d(row) = w / wsum: divide first, as the forward did.
+          const float ws = row_scale_[r];
+          for (int64_t d = 0; d < dim; ++d) out[d] += wj * (g[d] / ws);
+        } else if (w) {
+          axpy(out, g, wj, dim);
+        } else {
+          add(out, g, dim);
+        }
+      }
+    }
+  });
+}
+
+bool strictly_increasing(const int64_t* indices, int64_t n) {
+  for (int64_t i = 1; i < n; ++i)
+    if (indices[i] <= indices[i - 1]) return false;
+  return true;
+}
+
+void coalesce_cpu(const int64_t* indices, const float* rows, int64_t n, int64_t dim, int64_t key_bound,
+                  std::vector<int64_t>* out_indices, std::vector<float>* out_rows, ThreadPool& pool) {
+  std::vector<int64_t> order, runs;
+  sort_runs_cpu(indices, n, key_bound, &order, &runs, pool);
+  const int64_t nu = static_cast<int64_t>(runs.size()) - 1;
+  out_indices->resize(std::max<int64_t>(nu, 0));
+  out_rows->assign(std::max<int64_t>(nu, 0) * dim, 0.f);
+  pool.parallel_for(nu, dim * 2, [&](int64_t b, int64_t e) {
+    for (int64_t u = b; u < e; ++u) {
+      (*out_indices)[u] = indices[order[runs[u]]];
+      float* out = out_rows->data() + u * dim;
+      for (int64_t i = runs[u]; i < runs[u + 1]; ++i) add(out, rows + order[i] * dim, dim);
+    }
+  });
+}
+
+namespace {
+
+template <typename RowUpdate>
+void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& pool, int64_t cost_per_elem,
+                   RowUpdate update) {
+  FlatIndex flat(num_tables, [&](int t) { return tables[t].n; });
+  if (flat.total() == 0) return;
+  int64_t dims = 0;
+  for (int t = 0; t < num_tables; ++t) dims = std::max(dims, tables[t].dim);
+  pool.parallel_for(flat.total(), dims * cost_per_elem, [&](int64_t b, int64_t e) {
+    flat.for_each(b, e, [&](int t, int64_t i0, int64_t i1) {
+      const SparseUpdateArgs& a = tables[t];
+      for (int64_t i = i0; i < i1; ++i) {
+        if (i + kPrefetchDistance < i1) {
+          const int64_t kp = a.indices[i + kPrefetchDistance] * a.dim;
+          prefetch_row(a.table + kp, a.dim);
+          if (a.slot1) prefetch_row(a.slot1 + kp, a.dim);
+          if (a.slot2) prefetch_row(a.slot2 + kp, a.dim);
+        }
+        const int64_t off = a.indices[i] * a.dim;
+        update(a, off, a.grads + i * a.dim);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool) {
+  const float lr = p.lr;
+  sparse_update(tables, num_tables, pool, 1, [lr](const SparseUpdateArgs& a, int64_t off, const float* g) {
+    float* __restrict w = a.table + off;
+    for (int64_t d = 0; d < a.dim; ++d) w[d] -= g[d] * lr;
+  });
+}
+
+void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, ThreadPool& pool) {
+  sparse_update(tables, num_tables, pool, 4, [p](const SparseUpdateArgs& a, int64_t off, const float* g) {
+    float* __restrict w = a.table + off;
+    float* __restrict acc = a.slot1 + off;
+    for (int64_t d = 0; d < a.dim; ++d) {
+      acc[d] += g[d] * g[d];
+      w[d] -= (p.lr * g[d]) / std::sqrt(acc[d] + p.epsilon);
+    }
+  });
+}
+
+void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
+  // Same float32 expression order as Keras' Adam so that rows touched every step match it.
+  const float t = static_cast<float>(p.step);
+  const float b1p = std::pow(p.beta1, t);
+  const float b2p = std::pow(p.beta2, t);
+  const float alpha = p.lr * std::sqrt(1.f - b2p) / (1.f - b1p);
+  const float one_b1 = 1.f - p.beta1, one_b2 = 1.f - p.beta2, eps = p.epsilon;
+  sparse_update(tables, num_tables, pool, 6, [=](const SparseUpdateArgs& a, int64_t off, const float* g) {
+    float* __restrict w = a.table + off;
+    float* __restrict m = a.slot1 + off;
+    float* __restrict v = a.slot2 + off;
+    for (int64_t d = 0; d < a.dim; ++d) {
+      m[d] += (g[d] - m[d]) * one_b1;
+      v[d] += (g[d] * g[d] - v[d]) * one_b2;
+      w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + eps);
+    }
+  });
+}
+
+std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
+                           int64_t* perm) {
+  std::fill(row_offsets, row_offsets + batch + 1, 0);
+  for (int64_t i = 0; i < nnz; ++i) {
+    const int64_t r = row_index[i];
+    if (r < 0 || r >= batch) {
+      std::ostringstream m;
+      m << "row index " << r << " at indices[" << i << ", 0] is outside [0, " << batch << ")";
+      return m.str();
+    }
+    ++row_offsets[r + 1];
+  }
+  for (int64_t r = 0; r < batch; ++r) row_offsets[r + 1] += row_offsets[r];
+  std::vector<int64_t> cursor(row_offsets, row_offsets + batch);
+  for (int64_t i = 0; i < nnz; ++i) perm[cursor[row_index[i]]++] = i;
+  return "";
+}
+
+}  // namespace embedlab

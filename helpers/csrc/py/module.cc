@@ -1,0 +1,224 @@
+// _embedlab_core: the csrc/core kernels for callers without TensorFlow (NumPy arrays on the
+// CPU; CuPy / PyTorch arrays on the GPU through cuda_bindings.cc). Thin: validate, translate,
+// call core. Inputs must be C-contiguous with the documented dtypes; nothing is copied.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+#include <nanobind/stl/optional.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "embedding.h"
+
+namespace nb = nanobind;
+using namespace embedlab;
+
+using F2 = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using CF2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using I1 = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+#ifdef EMBEDLAB_WITH_CUDA
+void register_cuda(nb::module_& m);  // cuda_bindings.cc
+#endif
+
+namespace {
+
+std::mutex g_pool_mu;
+std::unique_ptr<ThreadPool> g_pool;
+int g_pool_threads = 0;
+
+ThreadPool& pool(int num_threads) {
+  std::lock_guard<std::mutex> l(g_pool_mu);
+  if (!g_pool || (num_threads > 0 && num_threads != g_pool_threads)) {
+    g_pool = make_thread_pool(num_threads);
+    g_pool_threads = g_pool->num_threads();
+  }
+  return *g_pool;
+}
+
+[[noreturn]] void fail(const std::string& fn, const std::string& msg) {
+  throw nb::value_error((fn + ": " + msg).c_str());
+}
+
+template <typename T>
+nb::ndarray<nb::numpy, T> new_array(std::vector<size_t> shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  T* data = new T[n == 0 ? 1 : n];
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
+}
+
+Combiner combiner_of(const std::string& fn, const std::string& name) {
+  Combiner c;
+  if (!parse_combiner(name, &c)) fail(fn, "combiner must be 'sum' or 'mean', got '" + name + "'");
+  return c;
+}
+
+CsrIds csr_of(const std::string& fn, size_t t, const I1& offsets, const I1& keys, const F1* weights) {
+  CsrIds ids;
+  if (offsets.shape(0) < 1) fail(fn, "row_offsets[" + std::to_string(t) + "] is empty; it needs batch + 1 entries");
+  ids.row_offsets = offsets.data();
+  ids.keys = keys.data();
+  ids.batch = static_cast<int64_t>(offsets.shape(0)) - 1;
+  ids.nnz = static_cast<int64_t>(keys.shape(0));
+  if (weights) {
+    if (weights->shape(0) != keys.shape(0))
+      fail(fn, "weights[" + std::to_string(t) + "] has " + std::to_string(weights->shape(0)) +
+                   " entries but keys[" + std::to_string(t) + "] has " + std::to_string(keys.shape(0)));
+    ids.weights = weights->data();
+  }
+  return ids;
+}
+
+void lookup_forward(const std::vector<CF2>& tables, const std::vector<I1>& offsets, const std::vector<I1>& keys,
+                    const std::optional<std::vector<F1>>& weights, const std::vector<std::string>& combiners,
+                    std::vector<F2>& outs, int num_threads) {
+  const char* fn = "lookup_forward";
+  const size_t n = tables.size();
+  if (offsets.size() != n || keys.size() != n || combiners.size() != n || outs.size() != n ||
+      (weights && weights->size() != n))
+    fail(fn, "tables, row_offsets, keys, combiners, outs (and weights) must have the same length");
+  std::vector<LookupArgs> args(n);
+  for (size_t t = 0; t < n; ++t) {
+    LookupArgs& a = args[t];
+    a.table = tables[t].data();
+    a.num_rows = static_cast<int64_t>(tables[t].shape(0));
+    a.dim = static_cast<int64_t>(tables[t].shape(1));
+    a.ids = csr_of(fn, t, offsets[t], keys[t], weights ? &(*weights)[t] : nullptr);
+    a.combiner = combiner_of(fn, combiners[t]);
+    if (outs[t].shape(0) != static_cast<size_t>(a.ids.batch) || outs[t].shape(1) != static_cast<size_t>(a.dim))
+      fail(fn, "outs[" + std::to_string(t) + "] must have shape [" + std::to_string(a.ids.batch) + ", " +
+                   std::to_string(a.dim) + "]");
+    a.out = outs[t].data();
+    const std::string err = check_ids(a.ids, a.num_rows);
+    if (!err.empty()) fail(fn, "table " + std::to_string(t) + ": " + err);
+  }
+  nb::gil_scoped_release release;
+  lookup_forward_cpu(args.data(), static_cast<int>(n), pool(num_threads));
+}
+
+std::tuple<nb::ndarray<nb::numpy, int64_t>, nb::ndarray<nb::numpy, float>> lookup_backward(
+    const I1& offsets, const I1& keys, const std::optional<F1>& weights, const std::string& combiner,
+    const CF2& grad_out, int64_t num_rows, int num_threads) {
+  const char* fn = "lookup_backward";
+  LookupGradArgs g;
+  g.ids = csr_of(fn, 0, offsets, keys, weights ? &*weights : nullptr);
+  g.combiner = combiner_of(fn, combiner);
+  g.dim = static_cast<int64_t>(grad_out.shape(1));
+  if (grad_out.shape(0) != static_cast<size_t>(g.ids.batch))
+    fail(fn, "grad_out has " + std::to_string(grad_out.shape(0)) + " rows, ids have " + std::to_string(g.ids.batch));
+  g.grad_out = grad_out.data();
+  const std::string err = check_ids(g.ids, num_rows);
+  if (!err.empty()) fail(fn, err);
+  LookupGradCpu grad;
+  int64_t nu;
+  {
+    nb::gil_scoped_release release;
+    nu = grad.prepare(g, pool(num_threads));
+  }
+  auto uk = new_array<int64_t>({static_cast<size_t>(nu)});
+  auto rows = new_array<float>({static_cast<size_t>(nu), static_cast<size_t>(g.dim)});
+  {
+    nb::gil_scoped_release release;
+    grad.fill(uk.data(), rows.data(), pool(num_threads));
+  }
+  return {uk, rows};
+}
+
+SparseUpdateArgs update_args(const char* fn, F2& table, const I1& indices, const CF2& grads) {
+  SparseUpdateArgs a;
+  a.table = table.data();
+  a.num_rows = static_cast<int64_t>(table.shape(0));
+  a.dim = static_cast<int64_t>(table.shape(1));
+  a.indices = indices.data();
+  a.n = static_cast<int64_t>(indices.shape(0));
+  a.grads = grads.data();
+  if (grads.shape(0) != indices.shape(0) || static_cast<int64_t>(grads.shape(1)) != a.dim)
+    fail(fn, "grads must have shape [len(indices), table dim] = [" + std::to_string(a.n) + ", " +
+                 std::to_string(a.dim) + "]");
+  for (int64_t i = 0; i < a.n; ++i)
+    if (a.indices[i] < 0 || a.indices[i] >= a.num_rows)
+      fail(fn, "index " + std::to_string(a.indices[i]) + " at position " + std::to_string(i) +
+                   " is outside the table of " + std::to_string(a.num_rows) + " rows");
+  if (!strictly_increasing(a.indices, a.n))
+    fail(fn, "indices must be unique and ascending (coalesce duplicates first, e.g. with lookup_backward)");
+  return a;
+}
+
+void check_slot(const char* fn, const char* name, const F2& slot, const SparseUpdateArgs& a) {
+  if (static_cast<int64_t>(slot.shape(0)) != a.num_rows || static_cast<int64_t>(slot.shape(1)) != a.dim)
+    fail(fn, std::string(name) + " must have the table's shape");
+}
+
+}  // namespace
+
+NB_MODULE(_embedlab_core, m) {
+  m.doc() = "EmbedLab core kernels without TensorFlow (see embedlab._native.core())";
+  m.def("lookup_forward", &lookup_forward, nb::arg("tables"), nb::arg("row_offsets"), nb::arg("keys"),
+        nb::arg("weights").none(), nb::arg("combiners"), nb::arg("outs"), nb::arg("num_threads") = 0,
+        "Fused pooled lookup of several tables into preallocated outs[t] of shape [batch_t, dim_t].");
+  m.def("lookup_backward", &lookup_backward, nb::arg("row_offsets"), nb::arg("keys"), nb::arg("weights").none(),
+        nb::arg("combiner"), nb::arg("grad_out"), nb::arg("num_rows"), nb::arg("num_threads") = 0,
+        "Backward of one table's lookup: (unique_keys ascending, summed gradient rows).");
+  m.def(
+      "sparse_sgd",
+      [](F2 table, I1 indices, CF2 grads, float lr, int num_threads) {
+        auto a = update_args("sparse_sgd", table, indices, grads);
+        nb::gil_scoped_release r;
+        sparse_sgd_cpu(&a, 1, SgdParams{lr}, pool(num_threads));
+      },
+      nb::arg("table"), nb::arg("indices"), nb::arg("grads"), nb::arg("lr"), nb::arg("num_threads") = 0);
+  m.def(
+      "sparse_adagrad",
+      [](F2 table, F2 acc, I1 indices, CF2 grads, float lr, float eps, int num_threads) {
+        auto a = update_args("sparse_adagrad", table, indices, grads);
+        check_slot("sparse_adagrad", "accumulator", acc, a);
+        a.slot1 = acc.data();
+        nb::gil_scoped_release r;
+        sparse_adagrad_cpu(&a, 1, AdagradParams{lr, eps}, pool(num_threads));
+      },
+      nb::arg("table"), nb::arg("accumulator"), nb::arg("indices"), nb::arg("grads"), nb::arg("lr"),
+      nb::arg("epsilon"), nb::arg("num_threads") = 0);
+  m.def(
+      "sparse_adam",
+      [](F2 table, F2 mo, F2 ve, I1 indices, CF2 grads, float lr, float b1, float b2, float eps, int64_t step,
+         int num_threads) {
+        auto a = update_args("sparse_adam", table, indices, grads);
+        check_slot("sparse_adam", "m", mo, a);
+        check_slot("sparse_adam", "v", ve, a);
+        if (step < 1) fail("sparse_adam", "step must be >= 1, got " + std::to_string(step));
+        a.slot1 = mo.data();
+        a.slot2 = ve.data();
+        nb::gil_scoped_release r;
+        sparse_adam_cpu(&a, 1, AdamParams{lr, b1, b2, eps, step}, pool(num_threads));
+      },
+      nb::arg("table"), nb::arg("m"), nb::arg("v"), nb::arg("indices"), nb::arg("grads"), nb::arg("lr"),
+      nb::arg("beta_1"), nb::arg("beta_2"), nb::arg("epsilon"), nb::arg("step"), nb::arg("num_threads") = 0);
+  m.def(
+      "coo_to_csr",
+      [](I1 row_index, int64_t batch) {
+        if (batch < 0) fail("coo_to_csr", "batch must be >= 0");
+        auto off = new_array<int64_t>({static_cast<size_t>(batch) + 1});
+        auto perm = new_array<int64_t>({row_index.shape(0)});
+        const std::string err = coo_to_csr_cpu(row_index.data(), static_cast<int64_t>(row_index.shape(0)), batch,
+                                               off.data(), perm.data());
+        if (!err.empty()) fail("coo_to_csr", err);
+        return std::make_tuple(off, perm);
+      },
+      nb::arg("row_index"), nb::arg("batch"));
+#ifdef EMBEDLAB_WITH_CUDA
+  m.attr("cuda_built") = true;
+  register_cuda(m);
+#else
+  m.attr("cuda_built") = false;
+#endif
+}
