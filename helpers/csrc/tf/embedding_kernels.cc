@@ -1,0 +1,382 @@
+// CPU OpKernels: validate, translate tensors to core structs, call csrc/core. Every check
+// runs before anything is written, so bad input leaves tables and optimizer state unchanged.
+#define EIGEN_USE_THREADS
+
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/kernels/training_op_helpers.h"
+
+#include "embedding.h"
+
+namespace tensorflow {
+namespace {
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+// Adapts TensorFlow's intra-op pool to the core ThreadPool interface.
+class TfPool final : public embedlab::ThreadPool {
+ public:
+  explicit TfPool(OpKernelContext* ctx) : pool_(ctx->device()->tensorflow_cpu_worker_threads()->workers) {}
+  int num_threads() const override { return pool_->NumThreads(); }
+  void parallel_for(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) override {
+    pool_->ParallelFor(n, cost, fn);
+  }
+
+ private:
+  thread::ThreadPool* pool_;
+};
+
+std::string Where(const std::string& op, const char* arg, int t) {
+  return op + ": " + arg + "[" + std::to_string(t) + "]";
+}
+
+// Reads the shared inputs of the lookup ops (row_splits, keys, weights, combiners) and checks
+// them against each table's row count. `tables_begin` is where row_splits start (= n).
+class LookupInputs {
+ public:
+  absl::Status Init(OpKernelConstruction* c) {
+    TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n_));
+    TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw_));
+    std::vector<std::string> names;
+    TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
+    if (nw_ != 0 && nw_ != n_)
+      return errors::InvalidArgument(c->def().op(), ": num_weights must be 0 or num_tables (", n_, "), got ", nw_);
+    if (static_cast<int>(names.size()) != n_)
+      return errors::InvalidArgument(c->def().op(), ": combiners has ", names.size(), " entries for ", n_, " tables");
+    combiners_.resize(n_);
+    for (int t = 0; t < n_; ++t)
+      if (!embedlab::parse_combiner(names[t], &combiners_[t]))
+        return errors::InvalidArgument(c->def().op(), ": combiners[", t, "] must be 'sum' or 'mean', got '",
+                                       names[t], "'");
+    return absl::OkStatus();
+  }
+
+  // Fills ids[t] from inputs; num_rows[t] < 0 skips the key-range check (the backward).
+  absl::Status Read(OpKernelContext* ctx, const std::vector<int64_t>& num_rows, std::vector<embedlab::CsrIds>* ids) {
+    const std::string& op = ctx->op_kernel().type_string();
+    ids->resize(n_);
+    for (int t = 0; t < n_; ++t) {
+      const Tensor& splits = ctx->input(n_ + t);
+      const Tensor& keys = ctx->input(2 * n_ + t);
+      if (splits.dims() != 1 || splits.NumElements() < 1)
+        return errors::InvalidArgument(Where(op, "row_splits", t), " must be a vector of batch + 1 offsets, got shape ",
+                                       splits.shape().DebugString());
+      if (keys.dims() != 1)
+        return errors::InvalidArgument(Where(op, "keys", t), " must be a vector, got shape ", keys.shape().DebugString());
+      embedlab::CsrIds& c = (*ids)[t];
+      c.row_offsets = splits.flat<int64_t>().data();
+      c.keys = keys.flat<int64_t>().data();
+      c.batch = splits.NumElements() - 1;
+      c.nnz = keys.NumElements();
+      if (nw_ > 0) {
+        const Tensor& w = ctx->input(3 * n_ + t);
+        if (w.dims() != 1 || w.NumElements() != c.nnz)
+          return errors::InvalidArgument(Where(op, "weights", t), " has shape ", w.shape().DebugString(),
+                                         " but keys[", t, "] has ", c.nnz, " entries; weights must be shaped like ids");
+        c.weights = w.flat<float>().data();
+      }
+      const std::string err = embedlab::check_ids(c, num_rows[t] < 0 ? INT64_MAX : num_rows[t]);
+      if (!err.empty()) return errors::InvalidArgument(Where(op, "ids", t), ": ", err);
+    }
+    return absl::OkStatus();
+  }
+
+  int n() const { return n_; }
+  embedlab::Combiner combiner(int t) const { return combiners_[t]; }
+
+ private:
+  int n_ = 0, nw_ = 0;
+  std::vector<embedlab::Combiner> combiners_;
+};
+
+// Shared (reader) locks on several variables, released on scope exit.
+class SharedLocks {
+ public:
+  void add(mutex* mu) {
+    mu->lock_shared();
+    held_.push_back(mu);
+  }
+  ~SharedLocks() {
+    for (mutex* mu : held_) mu->unlock_shared();
+  }
+
+ private:
+  std::vector<mutex*> held_;
+};
+
+// ---- forward ---------------------------------------------------------------------------------
+
+template <bool kResource>
+class FusedLookupOp : public OpKernel {
+ public:
+  explicit FusedLookupOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, in_.Init(c)); }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = in_.n();
+    // Resource variables: hold their locks (shared) while reading, as ResourceGather does.
+    std::vector<core::RefCountPtr<Var>> vars(kResource ? n : 0);
+    SharedLocks locks;
+    std::vector<Tensor> tables(n);
+    for (int t = 0; t < n; ++t) {
+      if (kResource) {
+        OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, t), &vars[t]));
+        locks.add(vars[t]->mu());
+        OP_REQUIRES(ctx, vars[t]->tensor()->dtype() == DT_FLOAT,
+                    errors::InvalidArgument(Where(type_string(), "tables", t), " must be float32, got ",
+                                            DataTypeString(vars[t]->tensor()->dtype())));
+        tables[t] = *vars[t]->tensor();
+      } else {
+        tables[t] = ctx->input(t);
+      }
+      OP_REQUIRES(ctx, tables[t].dims() == 2,
+                  errors::InvalidArgument(Where(type_string(), "tables", t), " must be a matrix [rows, dim], got shape ",
+                                          tables[t].shape().DebugString()));
+    }
+    std::vector<int64_t> rows(n);
+    for (int t = 0; t < n; ++t) rows[t] = tables[t].dim_size(0);
+    std::vector<embedlab::CsrIds> ids;
+    OP_REQUIRES_OK(ctx, in_.Read(ctx, rows, &ids));
+    std::vector<embedlab::LookupArgs> args(n);
+    for (int t = 0; t < n; ++t) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({ids[t].batch, tables[t].dim_size(1)}), &out));
+      args[t].table = tables[t].flat<float>().data();
+      args[t].num_rows = rows[t];
+      args[t].dim = tables[t].dim_size(1);
+      args[t].ids = ids[t];
+      args[t].combiner = in_.combiner(t);
+      args[t].out = out->flat<float>().data();
+    }
+    TfPool pool(ctx);
+    embedlab::lookup_forward_cpu(args.data(), n, pool);
+  }
+
+ private:
+  LookupInputs in_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookup").Device(DEVICE_CPU), FusedLookupOp<false>);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedResourceLookup").Device(DEVICE_CPU), FusedLookupOp<true>);
+
+// ---- backward --------------------------------------------------------------------------------
+
+class FusedLookupGradOp : public OpKernel {
+ public:
+  explicit FusedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, in_.Init(c)); }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = in_.n();
+    std::vector<embedlab::CsrIds> ids;
+    OP_REQUIRES_OK(ctx, in_.Read(ctx, std::vector<int64_t>(n, -1), &ids));
+    std::vector<embedlab::LookupGradArgs> args(n);
+    for (int t = 0; t < n; ++t) {
+      const Tensor& g = ctx->input(t);
+      OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == ids[t].batch,
+                  errors::InvalidArgument(Where(type_string(), "grads", t), " must have shape [", ids[t].batch,
+                                          ", dim], got ", g.shape().DebugString()));
+      args[t].ids = ids[t];
+      args[t].combiner = in_.combiner(t);
+      args[t].dim = g.dim_size(1);
+      args[t].grad_out = g.flat<float>().data();
+    }
+    TfPool pool(ctx);
+    std::vector<embedlab::LookupGradCpu> grads(n);
+    // Many tables: one table per task, each sorted and summed on one thread. Few tables: the
+    // tables in turn, each with the whole pool. The result is the same bits either way.
+    const bool per_table = n >= 2 * pool.num_threads();
+    auto prepare = [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) grads[t].prepare(args[t], embedlab::inline_pool());
+    };
+    pool.parallel_for(n, 1 << 20, prepare);
+    std::vector<int64_t*> keys_out(n);
+    std::vector<float*> rows_out(n);
+    for (int t = 0; t < n; ++t) {
+      Tensor *k = nullptr, *r = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({grads[t].num_unique()}), &k));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + t, TensorShape({grads[t].num_unique(), args[t].dim}), &r));
+      keys_out[t] = k->flat<int64_t>().data();
+      rows_out[t] = r->flat<float>().data();
+    }
+    if (per_table) {
+      pool.parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) grads[t].fill(keys_out[t], rows_out[t], embedlab::inline_pool());
+      });
+    } else {
+      for (int t = 0; t < n; ++t) grads[t].fill(keys_out[t], rows_out[t], pool);
+    }
+  }
+
+ private:
+  LookupInputs in_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGrad").Device(DEVICE_CPU), FusedLookupGradOp);
+
+// ---- COO -> CSR ------------------------------------------------------------------------------
+
+class CooToCsrOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& row = ctx->input(0);
+    const Tensor& batch_t = ctx->input(1);
+    OP_REQUIRES(ctx, row.dims() == 1,
+                errors::InvalidArgument("EmbedLabCooToCsr: row_index must be a vector, got ", row.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(batch_t.shape()),
+                errors::InvalidArgument("EmbedLabCooToCsr: batch must be a scalar"));
+    const int64_t batch = batch_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, batch >= 0, errors::InvalidArgument("EmbedLabCooToCsr: batch must be >= 0, got ", batch));
+    Tensor *splits = nullptr, *perm = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch + 1}), &splits));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, row.shape(), &perm));
+    const std::string err = embedlab::coo_to_csr_cpu(row.flat<int64_t>().data(), row.NumElements(), batch,
+                                                     splits->flat<int64_t>().data(), perm->flat<int64_t>().data());
+    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument("EmbedLabCooToCsr: SparseTensor ", err));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabCooToCsr").Device(DEVICE_CPU), CooToCsrOp);
+
+// ---- sparse optimizers -----------------------------------------------------------------------
+
+// Shared by the three optimizer ops: `num_slots` resource inputs follow the variables
+// (0 for SGD, 1 for Adagrad, 2 for Adam); then indices, grads, and the scalar hyperparameters.
+template <int kSlots, typename Apply>
+void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
+  const std::string& op = self->type_string();
+  std::vector<int> var_inputs;
+  for (int i = 0; i < n * (1 + kSlots); ++i) var_inputs.push_back(i);
+  // Exclusive locks in address order (TF's own helper), copy-on-write if the buffer is shared.
+  auto locks = MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true, /*sparse=*/false,
+                                                                       var_inputs);
+  std::vector<Tensor> vars(n * (1 + kSlots));
+  for (int i = 0; i < n * (1 + kSlots); ++i) {
+    OP_REQUIRES_OK(ctx, GetInputTensorFromVariable<CPUDevice, float>(ctx, i, /*lock_held=*/true, /*sparse=*/false,
+                                                                     &vars[i]));
+  }
+  const int idx0 = n * (1 + kSlots), grad0 = idx0 + n;
+  TfPool pool(ctx);
+  std::vector<embedlab::SparseUpdateArgs> args(n);
+  // Coalesced copies for tables whose indices repeat (kept alive until the update).
+  std::vector<std::vector<int64_t>> co_idx(n);
+  std::vector<std::vector<float>> co_rows(n);
+  for (int t = 0; t < n; ++t) {
+    const Tensor& w = vars[t];
+    const char* names[3] = {"vars", kSlots == 1 ? "accumulators" : "ms", "vs"};
+    for (int s = 0; s <= kSlots; ++s) {
+      const Tensor& v = vars[s * n + t];
+      OP_REQUIRES(ctx, v.IsInitialized() && v.dims() == 2 && v.shape() == w.shape(),
+                  errors::InvalidArgument(Where(op, names[s], t), " must be an initialized float matrix shaped like vars[",
+                                          t, "] ", w.shape().DebugString(), ", got ", v.shape().DebugString()));
+    }
+    const Tensor& idx = ctx->input(idx0 + t);
+    const Tensor& g = ctx->input(grad0 + t);
+    const int64_t rows = w.dim_size(0), dim = w.dim_size(1);
+    OP_REQUIRES(ctx, idx.dims() == 1,
+                errors::InvalidArgument(Where(op, "indices", t), " must be a vector, got ", idx.shape().DebugString()));
+    OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == idx.NumElements() && g.dim_size(1) == dim,
+                errors::InvalidArgument(Where(op, "grads", t), " must have shape [", idx.NumElements(), ", ", dim,
+                                        "], got ", g.shape().DebugString()));
+    const int64_t* ip = idx.flat<int64_t>().data();
+    const int64_t m = idx.NumElements();
+    for (int64_t i = 0; i < m; ++i) {
+      OP_REQUIRES(ctx, ip[i] >= 0 && ip[i] < rows,
+                  errors::InvalidArgument(Where(op, "indices", t), ": index ", ip[i], " at position ", i,
+                                          " is outside the table of ", rows, " rows; nothing was updated"));
+    }
+    embedlab::SparseUpdateArgs& a = args[t];
+    a.table = vars[t].flat<float>().data();
+    a.slot1 = kSlots >= 1 ? vars[n + t].flat<float>().data() : nullptr;
+    a.slot2 = kSlots >= 2 ? vars[2 * n + t].flat<float>().data() : nullptr;
+    a.num_rows = rows;
+    a.dim = dim;
+    if (embedlab::strictly_increasing(ip, m)) {
+      a.indices = ip;
+      a.grads = g.flat<float>().data();
+      a.n = m;
+    } else {
+      embedlab::coalesce_cpu(ip, g.flat<float>().data(), m, dim, rows, &co_idx[t], &co_rows[t], pool);
+      a.indices = co_idx[t].data();
+      a.grads = co_rows[t].data();
+      a.n = static_cast<int64_t>(co_idx[t].size());
+    }
+  }
+  apply(args, pool);
+}
+
+bool Scalar(OpKernelContext* ctx, int i, const char* name, float* out) {
+  const Tensor& t = ctx->input(i);
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    ctx->CtxFailure(errors::InvalidArgument(ctx->op_kernel().type_string(), ": ", name,
+                                            " must be a scalar, got shape ", t.shape().DebugString()));
+    return false;
+  }
+  *out = t.scalar<float>()();
+  return true;
+}
+#define EMBEDLAB_SCALAR(var, i, name) \
+  float var;                          \
+  if (!Scalar(ctx, i, name, &var)) return;
+
+class SparseApplySgdOp : public OpKernel {
+ public:
+  explicit SparseApplySgdOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
+  void Compute(OpKernelContext* ctx) override {
+    EMBEDLAB_SCALAR(lr, 3 * n_, "lr");
+    ApplySparse<0>(this, ctx, n_, [&](std::vector<embedlab::SparseUpdateArgs>& a, embedlab::ThreadPool& p) {
+      embedlab::sparse_sgd_cpu(a.data(), n_, {lr}, p);
+    });
+  }
+
+ private:
+  int n_;
+};
+
+class SparseApplyAdagradOp : public OpKernel {
+ public:
+  explicit SparseApplyAdagradOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
+  void Compute(OpKernelContext* ctx) override {
+    EMBEDLAB_SCALAR(lr, 4 * n_, "lr");
+    EMBEDLAB_SCALAR(eps, 4 * n_ + 1, "epsilon");
+    ApplySparse<1>(this, ctx, n_, [&](std::vector<embedlab::SparseUpdateArgs>& a, embedlab::ThreadPool& p) {
+      embedlab::sparse_adagrad_cpu(a.data(), n_, {lr, eps}, p);
+    });
+  }
+
+ private:
+  int n_;
+};
+
+class SparseApplyAdamOp : public OpKernel {
+ public:
+  explicit SparseApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
+  void Compute(OpKernelContext* ctx) override {
+    EMBEDLAB_SCALAR(lr, 5 * n_, "lr");
+    EMBEDLAB_SCALAR(b1, 5 * n_ + 1, "beta_1");
+    EMBEDLAB_SCALAR(b2, 5 * n_ + 2, "beta_2");
+    EMBEDLAB_SCALAR(eps, 5 * n_ + 3, "epsilon");
+    const Tensor& step_t = ctx->input(5 * n_ + 4);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
+                errors::InvalidArgument(type_string(), ": step must be a scalar"));
+    const int64_t step = step_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, step >= 1, errors::InvalidArgument(type_string(), ": step must be >= 1, got ", step));
+    ApplySparse<2>(this, ctx, n_, [&](std::vector<embedlab::SparseUpdateArgs>& a, embedlab::ThreadPool& p) {
+      embedlab::sparse_adam_cpu(a.data(), n_, {lr, b1, b2, eps, step}, p);
+    });
+  }
+
+ private:
+  int n_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplySGD").Device(DEVICE_CPU), SparseApplySgdOp);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdagrad").Device(DEVICE_CPU), SparseApplyAdagradOp);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam").Device(DEVICE_CPU), SparseApplyAdamOp);
+
+}  // namespace
+}  // namespace tensorflow

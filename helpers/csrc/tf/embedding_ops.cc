@@ -1,0 +1,160 @@
+// Op registrations and shape functions. Always compiled: an op exists whether or not the
+// library was built with CUDA (only GPU kernel registrations depend on GOOGLE_CUDA).
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace embedlab_shapes {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// Inputs: tables (N x [rows, dim] tensors or N resources), row_splits (N x [batch+1]), ...
+// Outputs: N x [batch, dim].
+absl::Status FusedLookupShape(InferenceContext* c, bool resource_tables) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle splits;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &splits));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &splits /*unused*/));
+    DimensionHandle batch;
+    TF_RETURN_IF_ERROR(c->Subtract(c->Dim(c->input(n + t), 0), 1, &batch));
+    DimensionHandle dim = c->UnknownDim();
+    if (resource_tables) {
+      auto* handle_data = c->input_handle_shapes_and_types(t);
+      if (handle_data != nullptr && !handle_data->empty()) {
+        ShapeHandle table;
+        TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
+        dim = c->Dim(table, 1);
+      }
+    } else {
+      ShapeHandle table;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &table));
+      dim = c->Dim(table, 1);
+    }
+    c->set_output(t, c->Matrix(batch, dim));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FusedLookupGradShape(InferenceContext* c) {
+  int n;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle grad;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &grad));
+    c->set_output(t, c->Vector(c->UnknownDim()));
+    c->set_output(n + t, c->Matrix(c->UnknownDim(), c->Dim(grad, 1)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace embedlab_shapes
+
+REGISTER_OP("EmbedLabFusedLookup")
+    .Input("tables: num_tables * float")
+    .Input("row_splits: num_tables * int64")
+    .Input("keys: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Output("outputs: num_tables * float")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      return embedlab_shapes::FusedLookupShape(c, /*resource_tables=*/false);
+    })
+    .Doc(R"doc(
+Pooled lookup of several tables in one kernel. Per table t: CSR ids (row_splits[t], keys[t]),
+key -1 skipped, optional per-key weights (num_weights is 0 or num_tables), combiner "sum" or
+"mean"; outputs[t] has shape [len(row_splits[t]) - 1, dim_t]; empty rows give zeros.
+)doc");
+
+REGISTER_OP("EmbedLabFusedResourceLookup")
+    .Input("tables: num_tables * resource")
+    .Input("row_splits: num_tables * int64")
+    .Input("keys: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Output("outputs: num_tables * float")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      return embedlab_shapes::FusedLookupShape(c, /*resource_tables=*/true);
+    })
+    .Doc(R"doc(
+EmbedLabFusedLookup reading resource variables in place (like ResourceGather): no copy of the
+table is made, and the gradient is an IndexedSlices on the variable.
+)doc");
+
+REGISTER_OP("EmbedLabFusedLookupGrad")
+    .Input("grads: num_tables * float")
+    .Input("row_splits: num_tables * int64")
+    .Input("keys: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Output("unique_keys: num_tables * int64")
+    .Output("rows: num_tables * float")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("combiners: list(string)")
+    .SetShapeFn(embedlab_shapes::FusedLookupGradShape)
+    .Doc(R"doc(
+Backward of EmbedLabFusedLookup: per table, the ascending unique keys touched and the summed
+gradient rows (the parts of an IndexedSlices). Deterministic for any thread count.
+)doc");
+
+REGISTER_OP("EmbedLabCooToCsr")
+    .Input("row_index: int64")
+    .Input("batch: int64")
+    .Output("row_splits: int64")
+    .Output("perm: int64")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle idx;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &idx));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->Dim(idx, 0)));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Stable counting sort of COO entries by row: row_splits [batch + 1] and perm, the COO position
+of each CSR entry (gather values and weights with it).
+)doc");
+
+REGISTER_OP("EmbedLabSparseApplySGD")
+    .Input("vars: num_tables * resource")
+    .Input("indices: num_tables * int64")
+    .Input("grads: num_tables * float")
+    .Input("lr: float")
+    .Attr("num_tables: int >= 1")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("w[i] -= lr * g for the given rows only; duplicate indices are summed first.");
+
+REGISTER_OP("EmbedLabSparseApplyAdagrad")
+    .Input("vars: num_tables * resource")
+    .Input("accumulators: num_tables * resource")
+    .Input("indices: num_tables * int64")
+    .Input("grads: num_tables * float")
+    .Input("lr: float")
+    .Input("epsilon: float")
+    .Attr("num_tables: int >= 1")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Keras Adagrad on the given rows only: acc += g*g; w -= lr*g/sqrt(acc+eps).");
+
+REGISTER_OP("EmbedLabSparseApplyAdam")
+    .Input("vars: num_tables * resource")
+    .Input("ms: num_tables * resource")
+    .Input("vs: num_tables * resource")
+    .Input("indices: num_tables * int64")
+    .Input("grads: num_tables * float")
+    .Input("lr: float")
+    .Input("beta_1: float")
+    .Input("beta_2: float")
+    .Input("epsilon: float")
+    .Input("step: int64")
+    .Attr("num_tables: int >= 1")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Lazy Adam (Keras expression order) on the given rows only; step is the 1-based step.");
+
+}  // namespace tensorflow
