@@ -115,7 +115,8 @@ struct SgdParams { float lr; };
 struct AdagradParams { float lr; float epsilon; };
 // Lazy Adam, Keras semantics on touched rows: m += (g - m)(1 - b1); v += (g*g - v)(1 - b2);
 // w -= alpha * m / (sqrt(v) + epsilon), alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), t = step.
-struct AdamParams { float lr; float beta1; float beta2; float epsilon; int64_t step; };
+// The betas are double: Keras computes 1 - beta in Python doubles and rounds once to float.
+struct AdamParams { float lr; double beta1; double beta2; float epsilon; int64_t step; };
 
 void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool);
 void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p,
@@ -138,3 +139,82 @@ std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch,
                            int64_t* row_offsets, int64_t* perm);
 
 }  // namespace embedlab
+
+// =======================================================================================
+// CUDA (issue 3). Declared only when the CUDA kernels are built (EMBEDLAB_WITH_CUDA); the
+// implementation is csrc/core/embedding_cuda.cu. Same semantics as the CPU functions above.
+//
+//   * Every pointer inside the argument structs is a DEVICE pointer (the structs themselves
+//     live on the host). Work is enqueued on `stream`; nothing synchronizes unless its comment
+//     says so. Each function returns the first CUDA error it met (API call or launch).
+//   * Rounding: the forward and every optimizer use the CPU's exact float32 expression order
+//     and no fused multiply-adds (explicit __fadd_rn/__fmul_rn), so they give the CPU's bits
+//     whenever the CPU build does not contract to FMA either (the default on x86-64).
+//   * The backward sums the contributions to one key in increasing position j, in segments of
+//     kCudaSegment consecutive contributions; a key touched more than kCudaSegment times gets
+//     its segment sums added in a fixed tree (fixed by the input alone). So results are the
+//     same bits on every run, and equal to the CPU bits for keys touched <= kCudaSegment times;
+//     hotter keys differ from the CPU only by float32 rounding. No float atomics anywhere.
+//   * Workspace: functions that need scratch memory take a caller-provided device buffer of at
+//     least the size returned by the matching *_workspace() query (256-byte aligned).
+//   * Sizes: nnz and batch must be < 2^31 per table (int32 positions inside the sort).
+// =======================================================================================
+#ifdef EMBEDLAB_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+namespace embedlab {
+
+constexpr int kCudaSegment = 32;
+
+// Fused multi-table forward: one kernel launch per 32 tables.
+cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaStream_t stream);
+
+// Validates ids on the device. allow_missing: whether -1 is allowed (lookups: yes; optimizer
+// indices: no). Returns "" or the same message check_ids() gives. SYNCHRONIZES the stream (it
+// reads a 24-byte status back; on error it copies the ids to the host to word the message).
+// `workspace` needs check_ids_cuda_workspace() bytes. *err gets any CUDA error.
+size_t check_ids_cuda_workspace();
+std::string check_ids_cuda(const CsrIds& ids, int64_t num_rows, bool allow_missing, void* workspace,
+                           cudaStream_t stream, cudaError_t* err);
+
+// Backward of one table to (unique_keys ascending, summed rows). The count is only known on
+// the device, so the outputs are sized for the worst case: unique_keys[nnz], rows[nnz, dim];
+// *num_unique (device int64) receives the count and entries past it are left untouched.
+// CUDA extension: ids.row_offsets == nullptr means one key per row (batch == nnz), which is
+// how the optimizers below coalesce duplicate indices.
+size_t lookup_backward_cuda_workspace(int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows,
+                                      cudaError_t* err = nullptr);
+cudaError_t lookup_backward_cuda(const LookupGradArgs& args, int64_t num_rows, int64_t* unique_keys, float* rows,
+                                 int64_t* num_unique, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// The optimizer a fused backward applies.
+enum class OptimizerKind : int32_t { kSgd = 0, kAdagrad = 1, kAdam = 2 };
+struct SparseOptimizer {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  SgdParams sgd{0.f};
+  AdagradParams adagrad{0.f, 0.f};
+  AdamParams adam{0.f, 0.9f, 0.999f, 1e-7f, 1};
+};
+
+// Fused backward + optimizer: sorts the keys, sums each key's gradient row and applies the
+// optimizer to that table row (and its slots) directly; the gradient is never written out.
+// `target` gives table/slot1/slot2/num_rows/dim (its indices, grads and n are ignored).
+// Equal to lookup_backward + sparse_<opt> on the unique keys, bit for bit.
+cudaError_t lookup_backward_apply_cuda(const LookupGradArgs& grad, const SparseUpdateArgs& target,
+                                       const SparseOptimizer& opt, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream);
+
+// Sparse optimizer updates. Unlike the CPU versions, indices may repeat and come in any order:
+// duplicates are summed first (in input order), as the TensorFlow ops promise. Indices must lie
+// in [0, num_rows) (check with check_ids_cuda, allow_missing = false). Tables run in turn on
+// one workspace of max over tables of sparse_update_cuda_workspace(n, dim, num_rows) bytes.
+size_t sparse_update_cuda_workspace(int64_t n, int64_t dim, int64_t num_rows, cudaError_t* err = nullptr);
+cudaError_t sparse_sgd_cuda(const SparseUpdateArgs* tables, int num_tables, SgdParams p, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream);
+cudaError_t sparse_adagrad_cuda(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, void* workspace,
+                                size_t workspace_bytes, cudaStream_t stream);
+cudaError_t sparse_adam_cuda(const SparseUpdateArgs* tables, int num_tables, AdamParams p, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace embedlab
+#endif  // EMBEDLAB_WITH_CUDA

@@ -347,10 +347,11 @@ void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradP
 void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
   // Same float32 expression order as Keras' Adam so that rows touched every step match it.
   const float t = static_cast<float>(p.step);
-  const float b1p = std::pow(p.beta1, t);
-  const float b2p = std::pow(p.beta2, t);
+  const float b1p = std::pow(static_cast<float>(p.beta1), t);
+  const float b2p = std::pow(static_cast<float>(p.beta2), t);
   const float alpha = p.lr * std::sqrt(1.f - b2p) / (1.f - b1p);
-  const float one_b1 = 1.f - p.beta1, one_b2 = 1.f - p.beta2, eps = p.epsilon;
+  const float one_b1 = static_cast<float>(1.0 - p.beta1), one_b2 = static_cast<float>(1.0 - p.beta2);
+  const float eps = p.epsilon;
   sparse_update(tables, num_tables, pool, 6, [=](const SparseUpdateArgs& a, int64_t off, const float* g) {
     float* __restrict w = a.table + off;
     float* __restrict m = a.slot1 + off;

@@ -190,7 +190,7 @@ NB_MODULE(_embedlab_core, m) {
       nb::arg("epsilon"), nb::arg("num_threads") = 0);
   m.def(
       "sparse_adam",
-      [](F2 table, F2 mo, F2 ve, I1 indices, CF2 grads, float lr, float b1, float b2, float eps, int64_t step,
+      [](F2 table, F2 mo, F2 ve, I1 indices, CF2 grads, float lr, double b1, double b2, float eps, int64_t step,
          int num_threads) {
         auto a = update_args("sparse_adam", table, indices, grads);
         check_slot("sparse_adam", "m", mo, a);

@@ -357,8 +357,11 @@ class SparseApplyAdamOp : public OpKernel {
   explicit SparseApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
   void Compute(OpKernelContext* ctx) override {
     EMBEDLAB_SCALAR(lr, 5 * n_, "lr");
-    EMBEDLAB_SCALAR(b1, 5 * n_ + 1, "beta_1");
-    EMBEDLAB_SCALAR(b2, 5 * n_ + 2, "beta_2");
+    const Tensor& b1_t = ctx->input(5 * n_ + 1);
+    const Tensor& b2_t = ctx->input(5 * n_ + 2);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(b1_t.shape()) && TensorShapeUtils::IsScalar(b2_t.shape()),
+                errors::InvalidArgument(type_string(), ": beta_1 and beta_2 must be scalars"));
+    const double b1 = b1_t.scalar<double>()(), b2 = b2_t.scalar<double>()();
     EMBEDLAB_SCALAR(eps, 5 * n_ + 3, "epsilon");
     const Tensor& step_t = ctx->input(5 * n_ + 4);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),

@@ -149,12 +149,13 @@ REGISTER_OP("EmbedLabSparseApplyAdam")
     .Input("indices: num_tables * int64")
     .Input("grads: num_tables * float")
     .Input("lr: float")
-    .Input("beta_1: float")
-    .Input("beta_2: float")
+    .Input("beta_1: double")
+    .Input("beta_2: double")
     .Input("epsilon: float")
     .Input("step: int64")
     .Attr("num_tables: int >= 1")
     .SetShapeFn(shape_inference::NoOutputs)
-    .Doc("Lazy Adam (Keras expression order) on the given rows only; step is the 1-based step.");
+    .Doc("Lazy Adam (Keras expression order) on the given rows only; step is the 1-based step. "
+         "The betas are double so that 1 - beta rounds like Keras' Python-float arithmetic.");
 
 }  // namespace tensorflow

@@ -1,0 +1,98 @@
+"""Loads EmbedLab's compiled libraries once, with errors that say how to fix them.
+
+Two libraries sit next to this file after `pip install --no-build-isolation ./helpers`:
+
+* ``_embedlab_ops.so``: the TensorFlow custom-op library (``tf_ops()``), built against one
+  TensorFlow version. Loading it under another version raises instead of crashing later.
+* ``_embedlab_core``: a framework-free Python module over NumPy / DLPack arrays (``core()``),
+  the same kernels for callers without TensorFlow (benchmarks, GPU checks, servers).
+
+There is never a fallback to a built-in TensorFlow op: if the library is missing, you get an
+error with the command that builds it.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+_REBUILD = ("rebuild it from the repository root with `make setup` "
+            "(or: pip install --no-build-isolation --force-reinstall ./helpers)")
+
+
+class NativeLibraryError(ImportError):
+    """The compiled part of EmbedLab is missing or was built for another TensorFlow."""
+
+
+@functools.lru_cache(maxsize=None)
+def _info_file() -> dict:
+    path = _HERE / "_build_info.json"
+    if not path.exists():
+        raise NativeLibraryError(
+            f"EmbedLab's native libraries are not built ({path.name} is missing next to {_HERE}); {_REBUILD}")
+    return json.loads(path.read_text())
+
+
+def _flag(value: str) -> bool:
+    return str(value).upper() in ("ON", "TRUE", "1", "YES")
+
+
+def build_info() -> dict:
+    """How the native libraries were built.
+
+    Returns:
+        dict with ``embedlab_version``, ``tensorflow_version`` (the one the op library was
+        compiled against), ``tf_ops_built``, ``tf_gpu_kernels``, ``cuda_built``,
+        ``cuda_version``, ``cuda_architectures``, ``compiler``, ``build_type``, and
+        ``tensorflow_runtime`` (the TensorFlow imported now, or None).
+
+    Example:
+        >>> import embedlab
+        >>> embedlab.build_info()["cuda_built"] in (True, False)
+        True
+    """
+    info = dict(_info_file())
+    for key in ("tf_ops_built", "tf_gpu_kernels", "cuda_built"):
+        info[key] = _flag(info[key])
+    import sys
+    tf = sys.modules.get("tensorflow")
+    info["tensorflow_runtime"] = getattr(tf, "__version__", None)
+    return info
+
+
+def cuda_built() -> bool:
+    """True when the CUDA kernels were compiled in (a GPU is not needed to build them)."""
+    return build_info()["cuda_built"]
+
+
+@functools.lru_cache(maxsize=None)
+def core():
+    """The framework-free module ``embedlab._embedlab_core`` (see csrc/py/module.cc)."""
+    try:
+        return importlib.import_module("embedlab._embedlab_core")
+    except ImportError as e:
+        raise NativeLibraryError(f"cannot import embedlab._embedlab_core ({e}); {_REBUILD}") from e
+
+
+@functools.lru_cache(maxsize=None)
+def tf_ops():
+    """The TensorFlow op library, loaded once; checks the TensorFlow version first."""
+    import tensorflow as tf
+
+    info = build_info()
+    if not info["tf_ops_built"]:
+        raise NativeLibraryError(f"EmbedLab was built without the TensorFlow op library; {_REBUILD}")
+    built, running = info["tensorflow_version"], tf.__version__
+    if built != running:
+        raise NativeLibraryError(
+            f"EmbedLab's op library was built against TensorFlow {built} but TensorFlow {running} is "
+            f"imported; custom ops must be compiled against the TensorFlow that loads them: {_REBUILD}")
+    path = _HERE / "_embedlab_ops.so"
+    if not path.exists():
+        raise NativeLibraryError(f"{path} is missing; {_REBUILD}")
+    try:
+        return tf.load_op_library(str(path))
+    except tf.errors.NotFoundError as e:
+        raise NativeLibraryError(f"TensorFlow could not load {path.name}: {e.message}; {_REBUILD}") from e

@@ -1,0 +1,253 @@
+"""Compiled embedding lookups for TensorFlow.
+
+`embedding_lookup` and `fused_embedding_lookup` pool rows of float32 tables for int64 ids,
+like `tf.nn.safe_embedding_lookup_sparse`, in one multi-threaded kernel (one launch for many
+tables). Ids come as a `tf.RaggedTensor [batch, None]`, a `tf.SparseTensor [batch, max_nnz]`
+or a dense `[batch, max_nnz]` tensor padded with -1; key -1 is skipped everywhere, 0 is a
+valid key, and an empty row gives zeros.
+
+The gradient with respect to a table is a `tf.IndexedSlices` holding each touched key once
+(duplicates summed, keys ascending), computed deterministically. Tables may be `tf.Variable`s
+(read in place, like `tf.nn.embedding_lookup`: no copy of the table), Keras variables, or
+plain tensors. Per-key weights are inputs only: no gradient flows to them.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from . import _native
+
+__all__ = ["embedding_lookup", "fused_embedding_lookup", "to_csr"]
+
+_COMBINERS = ("sum", "mean")
+
+
+# Loaded at import, so that a SavedModel using these ops can be restored right after
+# `import embedlab.ops`, and a missing or mismatched library fails here with its fix.
+_native.tf_ops()
+
+
+def _lib():
+    return _native.tf_ops()
+
+
+def _as_variable(table):
+    """The tf.Variable behind `table` (tf.Variable or Keras variable), else None."""
+    if isinstance(table, tf.Variable):
+        return table
+    value = getattr(table, "value", None)  # keras.Variable on the TensorFlow backend
+    if isinstance(value, tf.Variable) and hasattr(table, "handle"):
+        return value
+    return None
+
+
+def _check_keys_dtype(keys: tf.Tensor, where: str) -> tf.Tensor:
+    if keys.dtype == tf.int64:
+        return keys
+    if keys.dtype == tf.int32:  # lossless; everything inside is int64
+        return tf.cast(keys, tf.int64)
+    raise ValueError(f"{where}: ids must be int64 (or int32) keys, got {keys.dtype.name}")
+
+
+def _check_weights_dtype(w: tf.Tensor, where: str) -> tf.Tensor:
+    if w.dtype != tf.float32:
+        raise ValueError(f"{where}: weights must be float32, got {w.dtype.name}")
+    return w
+
+
+def to_csr(ids, weights=None, where: str = "embedlab.ops"):
+    """Converts ids (and weights shaped like them) to CSR tensors.
+
+    Args:
+        ids: `tf.RaggedTensor [batch, None]`, `tf.SparseTensor [batch, max_nnz]`, or a dense
+            `[batch, max_nnz]` (or `[batch]`, one key per row) tensor padded with -1.
+        weights: None, or float32 of the same kind and shape as `ids`.
+
+    Returns:
+        `(row_splits [batch + 1] int64, keys [nnz] int64, weights [nnz] float32 or None)`.
+
+    A SparseTensor is sorted by row with a stable counting sort (`EmbedLabCooToCsr`), so
+    unordered COO input is fine; this costs one pass and a gather, which pre-built CSR
+    (ragged or dense input) avoids.
+
+    Example:
+        >>> splits, keys, _ = to_csr(tf.ragged.constant([[3, 1], [], [7]], dtype=tf.int64))
+        >>> splits.numpy().tolist(), keys.numpy().tolist()
+        ([0, 2, 2, 3], [3, 1, 7])
+    """
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1:
+            raise ValueError(f"{where}: ragged ids must have shape [batch, None] (ragged_rank 1), "
+                             f"got ragged_rank {ids.ragged_rank}")
+        keys = _check_keys_dtype(ids.values, where)
+        splits = tf.cast(ids.row_splits, tf.int64)
+        w = None
+        if weights is not None:
+            if not isinstance(weights, tf.RaggedTensor):
+                raise ValueError(f"{where}: weights must be a RaggedTensor like ids, got {type(weights).__name__}")
+            w = _check_weights_dtype(weights.values, where)
+            _assert_same(tf.cast(weights.row_splits, tf.int64), splits, where, "weights.row_splits", "ids.row_splits")
+        return splits, keys, w
+
+    if isinstance(ids, tf.SparseTensor):
+        if ids.shape.rank not in (None, 2):
+            raise ValueError(f"{where}: SparseTensor ids must be [batch, max_nnz], got rank {ids.shape.rank}")
+        keys = _check_keys_dtype(ids.values, where)
+        splits, perm = _lib().embed_lab_coo_to_csr(ids.indices[:, 0], ids.dense_shape[0])
+        keys = tf.gather(keys, perm)
+        w = None
+        if weights is not None:
+            if not isinstance(weights, tf.SparseTensor):
+                raise ValueError(f"{where}: weights must be a SparseTensor like ids, got {type(weights).__name__}")
+            _assert_same(weights.indices, ids.indices, where, "weights.indices", "ids.indices")
+            w = tf.gather(_check_weights_dtype(weights.values, where), perm)
+        return splits, keys, w
+
+    ids = tf.convert_to_tensor(ids)
+    if ids.shape.rank == 1:
+        ids = ids[:, None]
+    if ids.shape.rank != 2:
+        raise ValueError(f"{where}: dense ids must be [batch, max_nnz] padded with -1, got shape {ids.shape}")
+    keys2d = _check_keys_dtype(ids, where)
+    shape = tf.shape(keys2d, out_type=tf.int64)
+    splits = tf.range(shape[0] + 1, dtype=tf.int64) * shape[1]
+    w = None
+    if weights is not None:
+        if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
+            raise ValueError(f"{where}: weights must be dense like ids, got {type(weights).__name__}")
+        weights = tf.convert_to_tensor(weights)
+        if weights.shape.rank == 1:
+            weights = weights[:, None]
+        if weights.shape.is_fully_defined() and keys2d.shape.is_fully_defined() and weights.shape != keys2d.shape:
+            raise ValueError(f"{where}: weights shape {weights.shape} differs from ids shape {keys2d.shape}")
+        w = tf.reshape(_check_weights_dtype(weights, where), [-1])
+    return splits, tf.reshape(keys2d, [-1]), w
+
+
+def _assert_same(a, b, where, name_a, name_b):
+    if tf.executing_eagerly():
+        if a.shape != b.shape or not bool(tf.reduce_all(tf.equal(a, b))):
+            raise ValueError(f"{where}: {name_a} differ from {name_b}; weights must be shaped like ids")
+    else:
+        tf.debugging.assert_equal(a, b, message=f"{where}: {name_a} differ from {name_b}; "
+                                  "weights must be shaped like ids")
+
+
+def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=None, name=None):
+    """Pooled lookups of many tables in one kernel launch.
+
+    Args:
+        tables: list of float32 `[rows_t, dim_t]` tables: `tf.Variable`, Keras variables or tensors.
+        ids: list (same length) of ids, each as accepted by `embedding_lookup`.
+        combiners: "sum" | "mean", or a list with one per table.
+        weights: None, or a list of per-key float32 weights shaped like each ids (None entries allowed
+            only if all are None).
+
+    Returns:
+        list of `[batch_t, dim_t]` float32 tensors.
+
+    Example:
+        >>> t1, t2 = tf.Variable(tf.ones([10, 4])), tf.Variable(tf.ones([5, 2]))
+        >>> outs = fused_embedding_lookup([t1, t2], [[[1, -1]], [[0, 4]]], "sum")
+        >>> [o.shape.as_list() for o in outs]
+        [[1, 4], [1, 2]]
+    """
+    where = "embedlab.ops.fused_embedding_lookup"
+    tables, ids = list(tables), list(ids)
+    n = len(tables)
+    if n == 0 or len(ids) != n:
+        raise ValueError(f"{where}: need one ids per table, got {n} tables and {len(ids)} ids")
+    if isinstance(combiners, str):
+        combiners = [combiners] * n
+    combiners = list(combiners)
+    if len(combiners) != n:
+        raise ValueError(f"{where}: need one combiner per table, got {len(combiners)} for {n} tables")
+    for c in combiners:
+        if c not in _COMBINERS:
+            raise ValueError(f"{where}: combiner must be 'sum' or 'mean', got {c!r}")
+    if weights is not None:
+        weights = list(weights)
+        if len(weights) != n or any(w is None for w in weights):
+            raise ValueError(f"{where}: weights must be None or one weights tensor per table")
+
+    with tf.name_scope(name or "embedlab_fused_lookup"):
+        csr = [to_csr(ids[t], None if weights is None else weights[t], where) for t in range(n)]
+        splits = [c[0] for c in csr]
+        keys = [c[1] for c in csr]
+        wts = [c[2] for c in csr] if weights is not None else []
+        variables = [_as_variable(t) for t in tables]
+        if all(v is not None for v in variables):
+            for v in variables:
+                if v.dtype != tf.float32:
+                    raise ValueError(f"{where}: tables must be float32, got {v.dtype.name}")
+                resource_variable_ops.variable_accessed(v)  # lets GradientTape watch it
+            return _lib().embed_lab_fused_resource_lookup(
+                [v.handle for v in variables], splits, keys, wts, combiners=combiners)
+        tensors = []
+        for t, table in enumerate(tables):
+            table = tf.convert_to_tensor(table)
+            if table.dtype != tf.float32:
+                raise ValueError(f"{where}: tables[{t}] must be float32, got {table.dtype.name}")
+            if table.shape.rank not in (None, 2):
+                raise ValueError(f"{where}: tables[{t}] must be [rows, dim], got shape {table.shape}")
+            tensors.append(table)
+        return _lib().embed_lab_fused_lookup(tensors, splits, keys, wts, combiners=combiners)
+
+
+def embedding_lookup(table, ids, combiner: str = "sum", weights=None, name=None):
+    """Pooled embedding lookup of one table: `[batch, dim]`.
+
+    Args:
+        table: float32 `[rows, dim]` `tf.Variable`, Keras variable or tensor.
+        ids: int64 keys as `tf.RaggedTensor [batch, None]`, `tf.SparseTensor [batch, max_nnz]`,
+            or dense `[batch, max_nnz]` padded with -1. Keys must lie in [0, rows) or be -1.
+        combiner: "sum" or "mean" (mean divides by the number of valid keys, or by the sum of
+            their weights).
+        weights: optional float32 per-key weights shaped like `ids`.
+
+    Returns:
+        `[batch, dim]` float32; empty rows are zeros. Differentiable in `table` (IndexedSlices).
+
+    Raises:
+        ValueError for wrong dtypes or shapes; `tf.errors.InvalidArgumentError` naming the op,
+        argument and value for keys out of range or inconsistent row splits.
+
+    Example:
+        >>> table = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))
+        >>> embedding_lookup(table, tf.constant([[0, 3], [-1, -1]], tf.int64)).numpy().tolist()
+        [[6.0, 8.0], [0.0, 0.0]]
+    """
+    return fused_embedding_lookup([table], [ids], [combiner], None if weights is None else [weights], name)[0]
+
+
+def _grad(op, grads, table_shapes):
+    n = op.get_attr("num_tables")
+    nw = op.get_attr("num_weights")
+    splits = op.inputs[n:2 * n]
+    keys = op.inputs[2 * n:3 * n]
+    weights = op.inputs[3 * n:3 * n + nw]
+    grads = [tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads)]
+    res = _lib().embed_lab_fused_lookup_grad(grads, splits, keys, weights, combiners=op.get_attr("combiners"))
+    uniq, rows = res.unique_keys, res.rows
+    table_grads = [tf.IndexedSlices(rows[t], uniq[t], table_shapes[t]) for t in range(n)]
+    return table_grads + [None] * (2 * n + nw)
+
+
+@tf.RegisterGradient("EmbedLabFusedLookup")
+def _fused_lookup_grad(op, *grads):
+    n = op.get_attr("num_tables")
+    return _grad(op, grads, [tf.shape(op.inputs[t], out_type=tf.int64) for t in range(n)])
+
+
+@tf.RegisterGradient("EmbedLabFusedResourceLookup")
+def _fused_resource_lookup_grad(op, *grads):
+    n = op.get_attr("num_tables")
+    return _grad(op, grads, [resource_variable_ops.variable_shape(op.inputs[t], out_type=tf.int64)
+                             for t in range(n)])
+
+
+tf.no_gradient("EmbedLabFusedLookupGrad")
+tf.no_gradient("EmbedLabCooToCsr")

@@ -1,0 +1,113 @@
+"""Keras optimizers whose sparse (IndexedSlices) updates run in EmbedLab's compiled kernels.
+
+`SGD`, `Adagrad` and `Adam` are Keras 3 optimizers (use them in `model.compile` or call
+`apply_gradients([(grad, variable), ...])`). For a dense gradient they do exactly what the
+Keras optimizer does. For an `IndexedSlices` gradient, such as the one `embedlab.ops` returns
+for a table, they update only the touched rows, in place, in one fused op for all tables of
+a step: no dense gradient and no dense state update of the whole table ever happens.
+
+* SGD and Adagrad give the same tables as Keras' own (untouched rows do not move there either).
+* Adam is *lazy*: only touched rows' moments move (as in TensorFlow Addons' LazyAdam and
+  SOK's Adam); bias correction uses the global step. On rows touched every step it equals
+  Keras' Adam.
+
+Duplicate indices in a gradient are summed before the update.
+"""
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from . import _native
+
+__all__ = ["SGD", "Adagrad", "Adam"]
+
+
+def _is_sparse(grad, var) -> bool:
+    return isinstance(grad, tf.IndexedSlices) and var.dtype == tf.float32 and var.shape.rank == 2
+
+
+def _handle(v):
+    return v.handle  # tf.Variable and keras.Variable (TensorFlow backend) both expose it
+
+
+class _SparseMixin:
+    """Routes IndexedSlices gradients to one fused EmbedLab op per step, dense ones to Keras."""
+
+    def _sparse_apply(self, grads, variables, learning_rate):
+        raise NotImplementedError
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if tf.distribute.has_strategy():
+            # Under a strategy, Keras updates each variable through update_step (per replica).
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
+        sparse = [(g, v, kv) for g, v, kv in zip(grads, variables, trainable_variables) if _is_sparse(g, v)]
+        dense = [(g, kv) for g, v, kv in zip(grads, variables, trainable_variables) if not _is_sparse(g, v)]
+        if sparse:
+            self._sparse_apply([g for g, _, _ in sparse], [kv for _, _, kv in sparse], learning_rate)
+        if dense:
+            super()._backend_update_step([g for g, _ in dense], [kv for _, kv in dense], learning_rate)
+
+    def update_step(self, gradient, variable, learning_rate):
+        if _is_sparse(gradient, variable):
+            self._sparse_apply([gradient], [variable], learning_rate)
+        else:
+            super().update_step(gradient, variable, learning_rate)
+
+    @staticmethod
+    def _parts(grads):
+        return ([tf.cast(g.indices, tf.int64) for g in grads],
+                [tf.convert_to_tensor(g.values, tf.float32) for g in grads])
+
+
+class SGD(_SparseMixin, keras.optimizers.SGD):
+    """Plain SGD (no momentum): `w[i] -= learning_rate * g[i]` on touched rows.
+
+    Example:
+        >>> opt = SGD(learning_rate=0.1)
+        >>> opt.apply_gradients([(grad, table)])   # grad: tf.IndexedSlices
+    """
+
+    def __init__(self, learning_rate=0.01, name="embedlab_sgd", **kwargs):
+        super().__init__(learning_rate=learning_rate, momentum=0.0, nesterov=False, name=name, **kwargs)
+
+    def _sparse_apply(self, grads, variables, learning_rate):
+        idx, vals = self._parts(grads)
+        _native.tf_ops().embed_lab_sparse_apply_sgd(
+            [_handle(v) for v in variables], idx, vals, tf.cast(learning_rate, tf.float32))
+
+
+class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
+    """Keras Adagrad (`acc += g*g; w -= lr*g/sqrt(acc+eps)`), sparse rows in place."""
+
+    def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7,
+                 name="embedlab_adagrad", **kwargs):
+        super().__init__(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
+                         epsilon=epsilon, name=name, **kwargs)
+
+    def _sparse_apply(self, grads, variables, learning_rate):
+        idx, vals = self._parts(grads)
+        accs = [self._accumulators[self._get_variable_index(v)] for v in variables]
+        _native.tf_ops().embed_lab_sparse_apply_adagrad(
+            [_handle(v) for v in variables], [_handle(a) for a in accs], idx, vals,
+            tf.cast(learning_rate, tf.float32), tf.constant(self.epsilon, tf.float32))
+
+
+class Adam(_SparseMixin, keras.optimizers.Adam):
+    """Lazy Adam for IndexedSlices gradients, Keras Adam for dense ones (no amsgrad)."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
+                 name="embedlab_adam", **kwargs):
+        super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+                         amsgrad=False, name=name, **kwargs)
+
+    def _sparse_apply(self, grads, variables, learning_rate):
+        idx, vals = self._parts(grads)
+        pos = [self._get_variable_index(v) for v in variables]
+        _native.tf_ops().embed_lab_sparse_apply_adam(
+            [_handle(v) for v in variables],
+            [_handle(self._momentums[i]) for i in pos], [_handle(self._velocities[i]) for i in pos],
+            idx, vals, tf.cast(learning_rate, tf.float32),
+            tf.constant(self.beta_1, tf.float64), tf.constant(self.beta_2, tf.float64),
+            tf.constant(self.epsilon, tf.float32), tf.cast(self.iterations + 1, tf.int64))
