@@ -1,0 +1,215 @@
+"""The native libraries: build info, load errors, and the framework-free core module.
+
+The core kernels are checked here through `_embedlab_core` (NumPy in, NumPy out) against a
+float64 NumPy oracle, independent of TensorFlow: random sizes, empty rows, -1 padding,
+duplicate and Zipf-skewed keys, weights, several thread counts (bitwise equal results).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from embedlab import _native
+
+SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
+
+
+@pytest.fixture
+def rng(request):
+    seed = (SEED + hash(request.node.name)) % 2**31
+    print(f"seed={seed}")  # shown on failure, so a failing draw can be replayed
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="module")
+def core():
+    return _native.core()
+
+
+def random_csr(rng, batch, rows, max_nnz=5, zipf=False, pad=0.2, empty=0.15):
+    lengths = rng.integers(0, max_nnz + 1, size=batch)
+    lengths[rng.random(batch) < empty] = 0
+    offsets = np.zeros(batch + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    nnz = int(offsets[-1])
+    if zipf:
+        keys = (rng.zipf(1.3, size=nnz) - 1) % rows
+    else:
+        keys = rng.integers(0, rows, size=nnz)
+    keys = keys.astype(np.int64)
+    keys[rng.random(nnz) < pad] = -1
+    if nnz > 3:  # force duplicates inside one row and across rows
+        keys[1] = keys[0] = abs(keys[0])
+    return offsets, keys
+
+
+def ref_forward(table, offsets, keys, weights, combiner):
+    batch = len(offsets) - 1
+    out = np.zeros((batch, table.shape[1]), np.float64)
+    for r in range(batch):
+        acc = np.zeros(table.shape[1])
+        wsum = 0.0
+        for j in range(offsets[r], offsets[r + 1]):
+            if keys[j] < 0:
+                continue
+            w = 1.0 if weights is None else float(weights[j])
+            acc += w * table[keys[j]].astype(np.float64)
+            wsum += w
+        if combiner == "mean":
+            acc = acc / wsum if wsum != 0 else np.zeros_like(acc)
+        out[r] = acc
+    return out
+
+
+def ref_backward(offsets, keys, weights, combiner, dy, rows):
+    grad = np.zeros((rows, dy.shape[1]), np.float64)
+    for r in range(len(offsets) - 1):
+        sl = slice(offsets[r], offsets[r + 1])
+        valid = keys[sl] >= 0
+        w = np.ones(offsets[r + 1] - offsets[r]) if weights is None else weights[sl].astype(np.float64)
+        wsum = w[valid].sum()
+        for j, k in enumerate(keys[sl]):
+            if k < 0:
+                continue
+            scale = w[j] / wsum if combiner == "mean" else w[j]
+            grad[k] += scale * dy[r]
+    touched = np.unique(keys[keys >= 0])
+    return touched, grad[touched]
+
+
+def test_build_info_reports_the_build():
+    info = _native.build_info()
+    for key in ("tensorflow_version", "cuda_built", "tf_ops_built", "compiler"):
+        assert key in info
+    assert isinstance(info["cuda_built"], bool)
+    assert info["tf_ops_built"] is True
+
+
+def test_op_library_refuses_another_tensorflow(tmp_path):
+    """A library built for another TensorFlow must raise with the fix, not crash later."""
+    code = (
+        "import json, embedlab._native as n\n"
+        "real = n._info_file()\n"
+        "fake = dict(real, tensorflow_version='1.15.0')\n"
+        "n._info_file.cache_clear()\n"
+        "n._info_file = lambda: fake\n"
+        "try:\n"
+        "    n.tf_ops()\n"
+        "except n.NativeLibraryError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "ERR" in out.stdout, out.stderr[-2000:]
+    assert "1.15.0" in out.stdout and "make setup" in out.stdout
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_core_forward_matches_float64_oracle(core, rng, combiner, weighted):
+    tables, offs, keys, weights, outs, refs = [], [], [], [], [], []
+    for t in range(4):
+        rows, dim = int(rng.integers(1, 300)), int(rng.choice([1, 4, 16, 33]))
+        table = rng.standard_normal((rows, dim)).astype(np.float32)
+        o, k = random_csr(rng, int(rng.integers(0, 60)), rows, zipf=bool(t % 2))
+        w = rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32) if weighted else None
+        tables.append(table), offs.append(o), keys.append(k), weights.append(w)
+        outs.append(np.full((len(o) - 1, dim), np.nan, np.float32))  # poison: every element must be written
+        refs.append(ref_forward(table, o, k, w, combiner))
+    core.lookup_forward(tables, offs, keys, weights if weighted else None, [combiner] * 4, outs)
+    for out, ref in zip(outs, refs):
+        assert not np.isnan(out).any()
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_core_backward_matches_oracle_and_is_deterministic(core, rng, combiner):
+    rows, dim, batch = 5000, 16, 3000
+    o, k = random_csr(rng, batch, rows, max_nnz=8, zipf=True)
+    w = rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32)
+    dy = rng.standard_normal((batch, dim)).astype(np.float32)
+    uk, grad = core.lookup_backward(o, k, w, combiner, dy, rows)
+    ref_k, ref_g = ref_backward(o, k, w, combiner, dy, rows)
+    np.testing.assert_array_equal(uk, ref_k)
+    np.testing.assert_allclose(grad, ref_g, rtol=1e-4, atol=1e-4)
+    for threads in (1, 2, 3, 8):  # same bits for any thread count and on every run
+        uk2, grad2 = core.lookup_backward(o, k, w, combiner, dy, rows, num_threads=threads)
+        assert np.array_equal(uk2, uk) and grad2.tobytes() == grad.tobytes()
+
+
+def test_core_forward_same_bits_for_any_thread_count(core, rng):
+    table = rng.standard_normal((20000, 64)).astype(np.float32)
+    o, k = random_csr(rng, 4096, 20000, max_nnz=6)
+    outs = []
+    for threads in (1, 2, 5):
+        out = np.empty((4096, 64), np.float32)
+        core.lookup_forward([table], [o], [k], None, ["mean"], [out], num_threads=threads)
+        outs.append(out.tobytes())
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_core_rejects_bad_keys_and_changes_nothing(core, rng):
+    table = rng.standard_normal((10, 4)).astype(np.float32)
+    before = table.copy()
+    out = np.zeros((2, 4), np.float32)
+    offsets = np.array([0, 1, 2], np.int64)
+    with pytest.raises(ValueError, match=r"key 10 at position 1 \(row 1\) is outside the table of 10 rows"):
+        core.lookup_forward([table], [offsets], [np.array([3, 10], np.int64)], None, ["sum"], [out])
+    with pytest.raises(ValueError, match=r"key -2 .* only -1 may mark a missing key"):
+        core.lookup_forward([table], [offsets], [np.array([-2, 1], np.int64)], None, ["sum"], [out])
+    with pytest.raises(ValueError, match="row_offsets end at 2 but there are 3 keys"):
+        core.lookup_forward([table], [offsets], [np.array([1, 2, 3], np.int64)], None, ["sum"], [out])
+    with pytest.raises(ValueError, match="index 10 at position 0 is outside"):
+        core.sparse_sgd(table, np.array([10], np.int64), np.ones((1, 4), np.float32), 0.1)
+    np.testing.assert_array_equal(table, before)
+
+
+def test_core_sparse_optimizers_touch_only_given_rows(core, rng):
+    rows, dim = 100, 8
+    idx = np.sort(rng.choice(rows, size=30, replace=False)).astype(np.int64)
+    g = rng.standard_normal((30, dim)).astype(np.float32)
+    table = rng.standard_normal((rows, dim)).astype(np.float32)
+    untouched = np.setdiff1d(np.arange(rows), idx)
+    # SGD
+    t = table.copy()
+    core.sparse_sgd(t, idx, g, 0.5)
+    np.testing.assert_array_equal(t[untouched], table[untouched])
+    np.testing.assert_allclose(t[idx], table[idx] - 0.5 * g, rtol=1e-6)
+    # Adagrad
+    t, acc = table.copy(), np.full((rows, dim), 0.1, np.float32)
+    core.sparse_adagrad(t, acc, idx, g, 0.5, 1e-7)
+    ref_acc = 0.1 + g.astype(np.float64) ** 2
+    np.testing.assert_allclose(acc[idx], ref_acc, rtol=1e-6)
+    np.testing.assert_allclose(t[idx], table[idx] - 0.5 * g / np.sqrt(ref_acc + 1e-7), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(t[untouched], table[untouched])
+    # lazy Adam, two steps
+    t, m, v = table.copy(), np.zeros((rows, dim), np.float32), np.zeros((rows, dim), np.float32)
+    rm, rv, rt = np.zeros((30, dim)), np.zeros((30, dim)), table[idx].astype(np.float64)
+    for step in (1, 2):
+        core.sparse_adam(t, m, v, idx, g, 0.01, 0.9, 0.999, 1e-7, step)
+        rm = rm + (g - rm) * 0.1
+        rv = rv + (g.astype(np.float64) ** 2 - rv) * 0.001
+        alpha = 0.01 * np.sqrt(1 - 0.999**step) / (1 - 0.9**step)
+        rt = rt - alpha * rm / (np.sqrt(rv) + 1e-7)
+    np.testing.assert_allclose(t[idx], rt, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(t[untouched], table[untouched])
+    assert not m[untouched].any() and not v[untouched].any()
+
+
+def test_core_coo_to_csr_is_a_stable_sort(core, rng):
+    batch = 50
+    rows = rng.integers(0, batch, size=400).astype(np.int64)
+    offsets, perm = core.coo_to_csr(rows, batch)
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=batch))]))
+    np.testing.assert_array_equal(perm, np.argsort(rows, kind="stable"))
+    with pytest.raises(ValueError, match=r"row index 50 at indices\[0, 0\] is outside \[0, 50\)"):
+        core.coo_to_csr(np.array([50], np.int64), batch)
+
+
+def test_build_info_json_is_valid():
+    path = os.path.join(os.path.dirname(_native.__file__), "_build_info.json")
+    with open(path) as f:
+        json.load(f)
