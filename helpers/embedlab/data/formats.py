@@ -1,0 +1,743 @@
+"""File formats for Criteo-style data: parquet, HugeCTR "Norm" binary (+ file lists, keysets), TFRecord.
+
+Every writer builds its output under a temporary name and renames it into place, so a crash
+never leaves a half-written file. Every reader checks what it can (headers, record lengths,
+checksums, counts) and raises `FormatError` naming the file and the record.
+
+Columns follow `preprocess`: `label` (float32), `I1..I13` (float32), `C1..C26` and crosses
+(int64, or list<int64> for multi-hot slots).
+
+HugeCTR Norm layout (little-endian, byte-compatible with HugeCTR's `DataReader`):
+
+    header   8 x int64 {error_check, number_of_records, label_dim, dense_dim, slot_num, 0, 0, 0}
+    record   label_dim x float32, dense_dim x float32, then per slot: int32 nnz, nnz x key
+             (key uint32 by default, int64 with key_type="int64")
+
+With error_check=1 every record, the header included, is framed as `int32 length` (bytes of
+the record), the record bytes, then one checksum byte: the record's bytes summed as signed chars,
+wrapping (what HugeCTR's `CheckSum` reader verifies).
+
+Example:
+    >>> from embedlab.data import formats                                   # doctest: +SKIP
+    >>> formats.write_norm("a.data", label, dense, [c1, c2])               # one key per slot
+    >>> d = formats.read_norm("a.data")
+    >>> d.label.shape, d.slots[0][1][:5]
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ._atomic import atomic_dir, atomic_file
+from .criteo import INT_COLUMNS, LABEL
+
+__all__ = [
+    "FormatError", "parquet_files", "write_parquet", "read_parquet", "schema_columns",
+    "write_norm", "read_norm", "NormData", "write_file_list", "read_file_list",
+    "write_keyset", "read_keyset", "parquet_to_norm",
+    "write_tfrecord", "read_tfrecord", "parquet_to_tfrecord", "tfrecord_dataset",
+]
+
+_KEY_DTYPES = {"uint32": np.dtype("<u4"), "int64": np.dtype("<i8")}
+_HEADER = struct.Struct("<8q")
+
+
+class FormatError(ValueError):
+    """A corrupt, truncated or inconsistent data file; the message names file and record."""
+
+
+# --------------------------------------------------------------------------------------
+# Parquet
+# --------------------------------------------------------------------------------------
+
+def parquet_files(src) -> list[Path]:
+    """Parquet files named by `src`: a file, a folder (its `*.parquet`, sorted, recursively) or a list.
+
+    Example:
+        >>> parquet_files("criteo_parquet/train")                          # doctest: +SKIP
+        [PosixPath('criteo_parquet/train/part_00000.parquet')]
+    """
+    if isinstance(src, (str, Path)):
+        p = Path(src)
+        if p.is_dir():
+            files = sorted(p.rglob("*.parquet"))
+            if not files:
+                raise FileNotFoundError(f"no .parquet files under {p}")
+            return files
+        if not p.is_file():
+            raise FileNotFoundError(f"parquet input {p} does not exist")
+        return [p]
+    files = []
+    for s in src:
+        files.extend(parquet_files(s))
+    if not files:
+        raise FileNotFoundError("empty list of parquet inputs")
+    return files
+
+
+def schema_columns(schema) -> dict:
+    """Split a parquet/arrow schema into {"label", "dense", "sparse", "ragged"} column names.
+
+    Label is `label`; dense columns are float columns other than the label; sparse columns are
+    integer columns; ragged columns are list<int> columns (multi-hot slots).
+    """
+    import pyarrow as pa
+    out = {"label": None, "dense": [], "sparse": [], "ragged": []}
+    for f in schema:
+        if f.name == LABEL:
+            out["label"] = f.name
+        elif pa.types.is_floating(f.type):
+            out["dense"].append(f.name)
+        elif pa.types.is_integer(f.type):
+            out["sparse"].append(f.name)
+        elif pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+            out["ragged"].append(f.name)
+    return out
+
+
+def write_parquet(path, columns, *, row_group_rows: int = 65_536) -> Path:
+    """Write columns to one parquet file, atomically.
+
+    Args:
+        path: output file.
+        columns: a `pyarrow.Table` or a dict name -> 1-D array (a list of arrays, or a
+            (row_splits, values) pair, makes a list<int64> column).
+        row_group_rows: rows per row group.
+
+    Returns:
+        The output `Path`.
+
+    Example:
+        >>> write_parquet("x.parquet", {"label": np.zeros(4, np.float32)})  # doctest: +SKIP
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    if isinstance(columns, pa.Table):
+        table = columns
+    else:
+        arrays = {}
+        for name, col in columns.items():
+            if isinstance(col, tuple) and len(col) == 2:
+                splits, values = (np.asarray(c) for c in col)
+                arrays[name] = pa.ListArray.from_arrays(splits.astype(np.int32),
+                                                        values.astype(np.int64))
+            else:
+                arrays[name] = pa.array(np.asarray(col))
+        table = pa.table(arrays)
+    with atomic_file(path) as tmp:
+        pq.write_table(table, tmp, row_group_size=row_group_rows, compression="snappy")
+    return Path(path)
+
+
+def read_parquet(src, columns: Sequence[str] | None = None) -> dict:
+    """Read parquet file(s) into a dict of NumPy arrays (list columns as (row_splits, values)).
+
+    Example:
+        >>> read_parquet("criteo_parquet/val")["label"][:3]                # doctest: +SKIP
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    tables = []
+    for f in parquet_files(src):
+        try:
+            tables.append(pq.read_table(f, columns=columns))
+        except (pa.ArrowInvalid, OSError) as e:
+            raise FormatError(f"{f}: not a readable parquet file: {e}") from e
+    table = pa.concat_tables(tables)
+    out = {}
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            out[name] = (np.asarray(col.offsets), np.asarray(col.flatten()))
+        else:
+            out[name] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# HugeCTR Norm
+# --------------------------------------------------------------------------------------
+
+def _as_slot(slot, n, i):
+    """A slot given as 1-D keys (one per row) or (row_splits, values) -> (row_splits, values)."""
+    if isinstance(slot, tuple) and len(slot) == 2:
+        splits, values = np.asarray(slot[0], np.int64), np.asarray(slot[1])
+        if splits.shape != (n + 1,) or splits[0] != 0 or np.any(np.diff(splits) < 0) \
+                or splits[-1] != len(values):
+            raise ValueError(f"write_norm: slot {i}: row_splits must be [{n + 1}], start at 0, "
+                             f"be non-decreasing and end at len(values)={len(values)}")
+        return splits, values
+    keys = np.asarray(slot)
+    if keys.ndim != 1 or len(keys) != n:
+        raise ValueError(f"write_norm: slot {i}: expected {n} keys (one per record), "
+                         f"got shape {keys.shape}")
+    return np.arange(n + 1, dtype=np.int64), keys
+
+
+def _frame(payload: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Checksum framing of records: int32 length, bytes, 1 checksum byte (signed-char sum)."""
+    n = len(lengths)
+    out = np.empty(len(payload) + 5 * n, dtype=np.uint8)
+    out_start = starts + 5 * np.arange(n, dtype=np.int64)
+    is_payload = np.ones(len(out), dtype=bool)
+    pre = out_start[:, None] + np.arange(4)
+    is_payload[pre.ravel()] = False
+    chk_pos = out_start + 4 + lengths
+    is_payload[chk_pos] = False
+    out[is_payload] = payload
+    out[pre.ravel()] = lengths.astype("<i4").view(np.uint8)
+    # Sum of bytes mod 256 is the same bits for signed and unsigned chars.
+    sums = np.add.reduceat(payload, starts, dtype=np.uint8) if n else np.empty(0, np.uint8)
+    sums[lengths == 0] = 0
+    out[chk_pos] = sums
+    return out
+
+
+def _checksum(b: np.ndarray) -> int:
+    return int(b.sum(dtype=np.uint64) & 0xFF)
+
+
+def write_norm(path, label, dense, slots, *, error_check: bool = True,
+               key_type: str = "uint32") -> Path:
+    """Write one HugeCTR Norm file, atomically.
+
+    Args:
+        path: output file.
+        label: float array [n] or [n, label_dim].
+        dense: float array [n, dense_dim] (dense_dim may be 0).
+        slots: list over slots; each either a 1-D integer array [n] (one key per record) or a
+            (row_splits [n+1], values) pair for multi-hot slots.
+        error_check: write the checksum framing (HugeCTR `check: "Sum"`).
+        key_type: "uint32" (HugeCTR default) or "int64" (`i64_input_key`).
+
+    Returns:
+        The output `Path`.
+
+    Raises:
+        ValueError: shapes that disagree, or keys that do not fit `key_type`.
+
+    Example:
+        >>> write_norm("t.data", [1.0, 0.0], [[0.5], [0.25]], [[3, 4]])   # doctest: +SKIP
+    """
+    if key_type not in _KEY_DTYPES:
+        raise ValueError(f"write_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
+    kdt = _KEY_DTYPES[key_type]
+    label = np.asarray(label, dtype=np.float32)
+    label = label.reshape(len(label), -1) if label.ndim == 1 else label
+    n, label_dim = label.shape
+    dense = np.asarray(dense, dtype=np.float32).reshape(n, -1) if n else \
+        np.asarray(dense, dtype=np.float32).reshape(0, -1 if np.size(dense) else 0)
+    if dense.ndim != 2 or dense.shape[0] != n:
+        raise ValueError(f"write_norm: dense must be [{n}, dense_dim], got {dense.shape}")
+    dense_dim = dense.shape[1]
+    slots = [_as_slot(s, n, i) for i, s in enumerate(slots)]
+    for i, (_, v) in enumerate(slots):
+        if len(v) and (v.min() < 0 or v.max() > np.iinfo(kdt).max):
+            raise ValueError(f"write_norm: slot {i} has key {v.min() if v.min() < 0 else v.max()}"
+                             f" outside {key_type}; use key_type='int64' or re-encode keys")
+    kw = kdt.itemsize // 4
+    nnz = np.stack([np.diff(s) for s, _ in slots], axis=1) if slots else np.zeros((n, 0), np.int64)
+    fixed = label_dim + dense_dim
+    words_per = fixed + len(slots) + kw * nnz.sum(axis=1)
+    rec_start = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(words_per, out=rec_start[1:])
+    words = np.empty(int(rec_start[-1]), dtype="<u4")
+    if fixed:
+        pos = rec_start[:-1, None] + np.arange(fixed)
+        words[pos.ravel()] = np.concatenate([label, dense], axis=1).view("<u4").ravel()
+    cur = rec_start[:-1] + fixed
+    for s, (splits, values) in enumerate(slots):
+        words[cur] = nnz[:, s].astype("<i4").view("<u4")
+        cnt = nnz[:, s] * kw
+        total = int(cnt.sum())
+        if total:
+            first = np.repeat(cur + 1, cnt)
+            within = np.arange(total) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            words[first + within] = values.astype(kdt).view("<u4")
+        cur = cur + 1 + cnt
+    header = np.frombuffer(_HEADER.pack(int(error_check), n, label_dim, dense_dim, len(slots),
+                                        0, 0, 0), dtype=np.uint8)
+    payload = words.view(np.uint8)
+    if error_check:
+        header = _frame(header, np.zeros(1, np.int64), np.array([64]))
+        body = _frame(payload, rec_start[:-1] * 4, words_per * 4)
+    else:
+        body = payload
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(body.tobytes())
+    return Path(path)
+
+
+@dataclass
+class NormData:
+    """Contents of a Norm file: label [n, label_dim], dense [n, dense_dim], and per slot
+    (row_splits [n+1] int64, keys). `error_check` says whether the file had checksums."""
+    label: np.ndarray
+    dense: np.ndarray
+    slots: list
+    error_check: bool
+
+
+def _read_header(path, raw):
+    if len(raw) < 8:
+        raise FormatError(f"{path}: truncated header: file has {len(raw)} bytes")
+    first = int(raw[:8].view("<i8")[0])
+    if first == 0:
+        if len(raw) < 64:
+            raise FormatError(f"{path}: truncated header: {len(raw)} of 64 bytes")
+        hdr, pos, check = raw[:64], 64, False
+    else:
+        length = int(raw[:4].view("<i4")[0])
+        if length != 64:
+            raise FormatError(f"{path}: bad header: neither a raw header (error_check=0) nor a "
+                              f"checksum-framed one (length prefix {length}, expected 64); "
+                              "not a Norm file?")
+        if len(raw) < 69:
+            raise FormatError(f"{path}: truncated header: {len(raw)} of 69 bytes")
+        hdr, pos, check = raw[4:68], 69, True
+        if _checksum(hdr) != int(raw[68]):
+            raise FormatError(f"{path}: header checksum mismatch (stored {int(raw[68])}, "
+                              f"computed {_checksum(hdr)})")
+    h = hdr.view("<i8")
+    if int(h[0]) != int(check):
+        raise FormatError(f"{path}: header error_check={int(h[0])} disagrees with the framing")
+    n, label_dim, dense_dim, slot_num = (int(x) for x in h[1:5])
+    if n < 0 or not (0 <= label_dim < 4096) or not (0 <= dense_dim < 1 << 20) \
+            or not (0 <= slot_num < 1 << 20) or any(int(x) != 0 for x in h[5:8]):
+        raise FormatError(f"{path}: bad header {h.tolist()}")
+    return check, n, label_dim, dense_dim, slot_num, pos
+
+
+def read_norm(path, *, key_type: str = "uint32") -> NormData:
+    """Read and verify one HugeCTR Norm file.
+
+    Checks the header, each record's length prefix and checksum (when the file has them),
+    every nnz, the record count and trailing bytes. Files where every slot has one key per
+    record are decoded fully vectorized; multi-hot files take a slower per-record walk.
+
+    Args:
+        path: the file.
+        key_type: "uint32" or "int64" (not stored in the file; must match the writer).
+
+    Returns:
+        `NormData`.
+
+    Raises:
+        FormatError: naming the file and the record (0-based) and what is wrong.
+
+    Example:
+        >>> d = read_norm("part_0.data"); d.dense.shape                       # doctest: +SKIP
+    """
+    if key_type not in _KEY_DTYPES:
+        raise ValueError(f"read_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
+    kdt = _KEY_DTYPES[key_type]
+    path = Path(path)
+    raw = np.fromfile(path, dtype=np.uint8)
+    check, n, label_dim, dense_dim, slot_num, pos = _read_header(path, raw)
+    fixed = 4 * (label_dim + dense_dim)
+    ks = kdt.itemsize
+    frame = 5 if check else 0
+    one_hot = fixed + slot_num * (4 + ks)
+    body = raw[pos:]
+    # Fast path: every slot holds exactly one key, so records have one fixed size.
+    if len(body) == n * (one_hot + frame) and n:
+        recs = body.reshape(n, one_hot + frame)
+        pay = recs[:, 4:4 + one_hot] if check else recs
+        ok = True
+        if check:
+            lens = recs[:, :4].copy().view("<i4").ravel()
+            sums = pay.sum(axis=1, dtype=np.uint64) & 0xFF
+            bad = np.flatnonzero((lens != one_hot) | (sums != recs[:, -1]))
+            if len(bad) and lens[bad[0]] == one_hot:
+                r = int(bad[0])
+                raise FormatError(f"{path}: record {r} (byte offset {pos + r * (one_hot + 5)}): "
+                                  f"checksum mismatch (stored {int(recs[r, -1])}, computed "
+                                  f"{int(sums[r])})")
+            ok = not len(bad)
+        if ok:
+            slot_bytes = pay[:, fixed:].reshape(n, slot_num, 4 + ks)
+            nnz = slot_bytes[:, :, :4].copy().view("<i4")[:, :, 0]
+            if (nnz == 1).all():
+                lab = pay[:, :4 * label_dim].copy().view("<f4")
+                den = pay[:, 4 * label_dim:fixed].copy().view("<f4")
+                keys = slot_bytes[:, :, 4:].copy().view(kdt)[:, :, 0]
+                splits = np.arange(n + 1, dtype=np.int64)
+                return NormData(lab, den, [(splits, keys[:, s].copy()) for s in range(slot_num)],
+                                check)
+    return _read_norm_walk(path, raw, check, n, label_dim, dense_dim, slot_num, pos, kdt)
+
+
+def _read_norm_walk(path, raw, check, n, label_dim, dense_dim, slot_num, pos, kdt):
+    """Record-by-record reader for multi-hot files (and for pinpointing corruption)."""
+    fixed = 4 * (label_dim + dense_dim)
+    ks = kdt.itemsize
+    size = len(raw)
+    lab = np.empty((n, label_dim), np.float32)
+    den = np.empty((n, dense_dim), np.float32)
+    nnzs = np.empty((n, slot_num), np.int64)
+    key_parts = [[] for _ in range(slot_num)]
+    buf = raw.tobytes()
+    for r in range(n):
+        start = pos
+        if check:
+            if pos + 4 > size:
+                raise FormatError(f"{path}: truncated at record {r} (byte offset {pos}): "
+                                  f"header promises {n} records, file ends after {r}")
+            length = struct.unpack_from("<i", buf, pos)[0]
+            if length < fixed + 4 * slot_num or pos + 4 + length + 1 > size:
+                why = ("truncated" if length >= 0 and pos + 4 + length + 1 > size
+                       else "bad length prefix")
+                raise FormatError(f"{path}: record {r} (byte offset {pos}): {why} "
+                                  f"(length {length}, {size - pos - 4} bytes left)")
+            pos += 4
+        if pos + fixed > size:
+            raise FormatError(f"{path}: truncated at record {r} (byte offset {start})")
+        lab[r] = np.frombuffer(buf, "<f4", label_dim, pos)
+        den[r] = np.frombuffer(buf, "<f4", dense_dim, pos + 4 * label_dim)
+        p = pos + fixed
+        for s in range(slot_num):
+            if p + 4 > size:
+                raise FormatError(f"{path}: truncated at record {r} slot {s} (byte offset {p})")
+            k = struct.unpack_from("<i", buf, p)[0]
+            if k < 0 or p + 4 + k * ks > size:
+                raise FormatError(f"{path}: record {r} slot {s} (byte offset {p}): bad nnz {k}")
+            nnzs[r, s] = k
+            key_parts[s].append(np.frombuffer(buf, kdt, k, p + 4))
+            p += 4 + k * ks
+        if check:
+            if p - pos != length:
+                raise FormatError(f"{path}: record {r} (byte offset {start}): length prefix "
+                                  f"{length} but the record's fields take {p - pos} bytes")
+            stored, got = buf[p], _checksum(raw[pos:p])
+            if stored != got:
+                raise FormatError(f"{path}: record {r} (byte offset {start}): checksum mismatch "
+                                  f"(stored {stored}, computed {got})")
+            p += 1
+        pos = p
+    if pos != size:
+        raise FormatError(f"{path}: {size - pos} unexpected bytes after the {n} records the "
+                          f"header announces (byte offset {pos})")
+    slots = []
+    for s in range(slot_num):
+        splits = np.zeros(n + 1, np.int64)
+        np.cumsum(nnzs[:, s], out=splits[1:])
+        vals = np.concatenate(key_parts[s]) if n else np.empty(0, kdt)
+        slots.append((splits, vals.astype(kdt)))
+    return NormData(lab, den, slots, check)
+
+
+def write_file_list(path, files: Sequence) -> Path:
+    """Write a HugeCTR file list: the number of files, then one path per line (atomic).
+
+    Example:
+        >>> write_file_list("file_list.txt", ["a.data", "b.data"])          # doctest: +SKIP
+    """
+    files = [str(f) for f in files]
+    with atomic_file(path) as tmp:
+        Path(tmp).write_text(f"{len(files)}\n" + "".join(f + "\n" for f in files))
+    return Path(path)
+
+
+def read_file_list(path, *, check_exists: bool = True) -> list[Path]:
+    """Read a HugeCTR file list; checks the count line and (optionally) that files exist."""
+    path = Path(path)
+    lines = [l.strip() for l in path.read_text().splitlines() if l.strip()]
+    if not lines or not lines[0].isdigit():
+        raise FormatError(f"{path}: first line must be the number of files, got "
+                          f"{lines[0] if lines else '(empty file)'!r}")
+    count, files = int(lines[0]), [Path(l) for l in lines[1:]]
+    if count != len(files):
+        raise FormatError(f"{path}: says {count} files but lists {len(files)}")
+    if check_exists:
+        for i, f in enumerate(files):
+            if not f.is_file():
+                raise FormatError(f"{path}: line {i + 2}: {f} does not exist")
+    return files
+
+
+def write_keyset(path, keys, *, key_type: str = "uint32") -> Path:
+    """Write a keyset file: the unique keys, raw little-endian `key_type`, sorted (atomic)."""
+    kdt = _KEY_DTYPES[key_type]
+    keys = np.unique(np.asarray(keys))
+    if len(keys) and (keys.min() < 0 or keys.max() > np.iinfo(kdt).max):
+        raise ValueError(f"write_keyset: keys outside {key_type}")
+    with atomic_file(path) as tmp:
+        keys.astype(kdt).tofile(tmp)
+    return Path(path)
+
+
+def read_keyset(path, *, key_type: str = "uint32") -> np.ndarray:
+    """Read a keyset file written by `write_keyset` (or HugeCTR's criteo2hugectr)."""
+    kdt = _KEY_DTYPES[key_type]
+    raw = np.fromfile(path, dtype=np.uint8)
+    if len(raw) % kdt.itemsize:
+        raise FormatError(f"{path}: {len(raw)} bytes is not a whole number of {key_type} keys")
+    return raw.view(kdt).copy()
+
+
+def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
+                    files_per_list: int | None = None, error_check: bool = True,
+                    key_type: str = "uint32", prefix: str = "part",
+                    slots: Sequence[str] | None = None, dense: Sequence[str] | None = None,
+                    progress: bool = True) -> list[Path]:
+    """Convert parquet to HugeCTR Norm files + file list(s) + keyset(s), like criteo2hugectr.
+
+    Writes `out_dir/<prefix>_<i>.data` of `samples_per_file` records each, then either one
+    `file_list.txt` + `file_list.keyset` or, with `files_per_list`, `file_list.<k>.txt` +
+    `file_list.<k>.keyset` per group of files (the model-oversubscription workflow). Keysets
+    hold the unique keys the list's files touch. Paths in the lists are absolute. The folder is
+    built under a temporary name and renamed into place.
+
+    Args:
+        src: parquet file(s) or folder. out_dir: output folder (replaced atomically).
+        samples_per_file: records per data file (HugeCTR's tool uses 40,960).
+        files_per_list: data files per file list, or None for a single list.
+        error_check: checksum framing. key_type: "uint32" or "int64".
+        slots: categorical columns in slot order (default: all integer/list columns).
+        dense: dense columns (default: all float columns except `label`).
+
+    Returns:
+        The file-list paths, in order.
+
+    Example:
+        >>> parquet_to_norm("criteo_parquet/train", "norm/train", files_per_list=2)  # doctest: +SKIP
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tqdm.auto import tqdm
+    files = parquet_files(src)
+    cols = schema_columns(pq.read_schema(files[0]))
+    slots = list(slots) if slots is not None else cols["sparse"] + cols["ragged"]
+    dense = list(dense) if dense is not None else cols["dense"]
+    if cols["label"] is None:
+        raise ValueError(f"parquet_to_norm: {files[0]} has no '{LABEL}' column")
+    out_dir = Path(out_dir)
+    lists = []
+    with atomic_dir(out_dir) as tmp:
+        data_files, keysets = [], []
+
+        def emit(table):
+            d = {c: table.column(c).combine_chunks() for c in [LABEL] + dense + slots}
+            sl = []
+            for c in slots:
+                a = d[c]
+                if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
+                    sl.append((np.asarray(a.offsets, np.int64), np.asarray(a.flatten())))
+                else:
+                    sl.append(a.to_numpy())
+            den = (np.stack([d[c].to_numpy() for c in dense], axis=1) if dense
+                   else np.zeros((len(table), 0), np.float32))
+            name = f"{prefix}_{len(data_files)}.data"
+            write_norm(tmp / name, d[LABEL].to_numpy(), den, sl, error_check=error_check,
+                       key_type=key_type)
+            data_files.append(name)
+            keysets.append(np.unique(np.concatenate(
+                [s[1] if isinstance(s, tuple) else s for s in sl])) if sl else np.empty(0))
+
+        pending = None
+        with tqdm(total=sum(pq.ParquetFile(f).metadata.num_rows for f in files), unit="rows",
+                  desc="parquet -> Norm", disable=not progress, leave=False) as bar:
+            for f in files:
+                pf = pq.ParquetFile(f)
+                for batch in pf.iter_batches(batch_size=samples_per_file,
+                                             columns=[LABEL] + dense + slots):
+                    t = pa.Table.from_batches([batch])
+                    pending = t if pending is None else pa.concat_tables([pending, t])
+                    while len(pending) >= samples_per_file:
+                        emit(pending.slice(0, samples_per_file))
+                        pending = pending.slice(samples_per_file)
+                    bar.update(len(batch))
+            if pending is not None and len(pending):
+                emit(pending)
+        groups = ([list(range(len(data_files)))] if not files_per_list else
+                  [list(range(i, min(i + files_per_list, len(data_files))))
+                   for i in range(0, len(data_files), files_per_list)])
+        for k, g in enumerate(groups):
+            stem = "file_list" if not files_per_list else f"file_list.{k}"
+            write_file_list(tmp / f"{stem}.txt", [out_dir / data_files[i] for i in g])
+            ks = np.unique(np.concatenate([keysets[i] for i in g])) if g else np.empty(0)
+            write_keyset(tmp / f"{stem}.keyset", ks.astype(np.int64), key_type=key_type)
+            lists.append(out_dir / f"{stem}.txt")
+        (tmp / "norm_meta.json").write_text(json.dumps(
+            {"slots": slots, "dense": dense, "label": LABEL, "key_type": key_type,
+             "error_check": bool(error_check), "samples_per_file": samples_per_file,
+             "files": data_files}, indent=1))
+    return lists
+
+
+# --------------------------------------------------------------------------------------
+# TFRecord
+# --------------------------------------------------------------------------------------
+
+def write_tfrecord(path, columns: dict) -> Path:
+    """Write columns as `tf.train.Example` records (one per row), atomically.
+
+    Float columns become `float_list`, integer columns `int64_list`, (row_splits, values)
+    pairs variable-length `int64_list`. This builds one protobuf per row in Python (about
+    20-40 us/row): fine for conversion, and exactly the cost the TFRecord path pays again at
+    read time in `parse_example`.
+
+    Args:
+        path: output `.tfrecord` file.
+        columns: dict name -> 1-D array, or (row_splits, values) for multi-hot columns.
+
+    Returns:
+        The output `Path`.
+
+    Example:
+        >>> write_tfrecord("x.tfrecord", read_parquet("criteo_parquet/val"))  # doctest: +SKIP
+    """
+    import tensorflow as tf
+    names = list(columns)
+    kinds, lists = [], []
+    n = None
+    for name in names:
+        col = columns[name]
+        if isinstance(col, tuple):
+            splits, values = np.asarray(col[0]), np.asarray(col[1]).astype(np.int64).tolist()
+            rows = [values[a:b] for a, b in zip(splits[:-1], splits[1:])]
+            kinds.append("int")
+        else:
+            arr = np.asarray(col)
+            kinds.append("float" if arr.dtype.kind == "f" else "int")
+            rows = arr.tolist()
+            rows = [[v] for v in rows]
+        if n is None:
+            n = len(rows)
+        elif len(rows) != n:
+            raise ValueError(f"write_tfrecord: column {name} has {len(rows)} rows, expected {n}")
+        lists.append(rows)
+    Feature, FL, IL = tf.train.Feature, tf.train.FloatList, tf.train.Int64List
+    with atomic_file(path) as tmp:
+        with tf.io.TFRecordWriter(str(tmp)) as w:
+            for r in range(n or 0):
+                feats = {name: (Feature(float_list=FL(value=lst[r])) if k == "float"
+                                else Feature(int64_list=IL(value=lst[r])))
+                         for name, k, lst in zip(names, kinds, lists)}
+                w.write(tf.train.Example(features=tf.train.Features(feature=feats))
+                        .SerializeToString())
+    return Path(path)
+
+
+def parquet_to_tfrecord(src, path) -> Path:
+    """Convert parquet file(s) to one TFRecord file of `tf.train.Example` (see `write_tfrecord`)."""
+    return write_tfrecord(path, read_parquet(src))
+
+
+def _feature_spec(names_kinds):
+    import tensorflow as tf
+    spec = {}
+    for name, kind in names_kinds:
+        if kind == "float":
+            spec[name] = tf.io.FixedLenFeature([], tf.float32)
+        elif kind == "int":
+            spec[name] = tf.io.FixedLenFeature([], tf.int64)
+        else:
+            spec[name] = tf.io.RaggedFeature(tf.int64)
+    return spec
+
+
+def _kinds_from_parquet(src):
+    import pyarrow.parquet as pq
+    cols = schema_columns(pq.read_schema(parquet_files(src)[0]))
+    return ([(LABEL, "float")] + [(c, "float") for c in cols["dense"]]
+            + [(c, "int") for c in cols["sparse"]] + [(c, "ragged") for c in cols["ragged"]])
+
+
+def tfrecord_dataset(files, batch_size: int, *, columns=None, dense_key: str | None = "dense",
+                     shuffle_buffer: int = 0, seed: int | None = None,
+                     drop_remainder: bool = False):
+    """The standard `tf.data` pipeline over TFRecord: batch, then `parse_example`, prefetch.
+
+    This is the baseline a TensorFlow user would write (vectorized parsing, parallel map,
+    autotuned prefetch); EmbedLab's benchmarks compare `ParquetLoader` with it.
+
+    Args:
+        files: TFRecord path(s).
+        batch_size: rows per batch.
+        columns: list of (name, kind) with kind "float" | "int" | "ragged"; default: Criteo
+            (label, I1..I13 float, C1..C26 int).
+        dense_key: stack the float feature columns into one [batch, n] tensor under this key
+            (as `ParquetLoader` does); None keeps them separate.
+        shuffle_buffer: rows in a per-record shuffle buffer (0 = no shuffle).
+        seed: shuffle seed. drop_remainder: drop the last partial batch.
+
+    Returns:
+        A `tf.data.Dataset` of (features dict, label [batch, 1]).
+    """
+    import tensorflow as tf
+    if columns is None:
+        from .criteo import CAT_COLUMNS
+        columns = ([(LABEL, "float")] + [(c, "float") for c in INT_COLUMNS]
+                   + [(c, "int") for c in CAT_COLUMNS])
+    spec = _feature_spec(columns)
+    dense_cols = [n for n, k in columns if k == "float" and n != LABEL]
+    files = [str(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE if len(files) > 1
+                                 else None)
+    if shuffle_buffer:
+        ds = ds.shuffle(shuffle_buffer, seed=seed)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+
+    def parse(x):
+        f = tf.io.parse_example(x, spec)
+        label = tf.reshape(f.pop(LABEL), [-1, 1])
+        if dense_key:
+            f[dense_key] = tf.stack([f.pop(c) for c in dense_cols], axis=1)
+        return f, label
+
+    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+
+def read_tfrecord(path, columns=None) -> dict:
+    """Read a whole TFRecord file of Examples into NumPy columns, verifying every record.
+
+    TensorFlow checks each record's length and data CRCs; a failure is re-raised as
+    `FormatError` naming the file and the record index.
+
+    Args:
+        path: the file. columns: (name, kind) list as in `tfrecord_dataset` (default Criteo).
+
+    Returns:
+        dict name -> array ((row_splits, values) for ragged columns).
+    """
+    import tensorflow as tf
+    if columns is None:
+        from .criteo import CAT_COLUMNS
+        columns = ([(LABEL, "float")] + [(c, "float") for c in INT_COLUMNS]
+                   + [(c, "int") for c in CAT_COLUMNS])
+    spec = _feature_spec(columns)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"TFRecord file {path} does not exist")
+    records = []
+    it = iter(tf.data.TFRecordDataset(str(path)))
+    while True:
+        try:
+            records.append(next(it))
+        except StopIteration:
+            break
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+            raise FormatError(f"{path}: record {len(records)} is corrupt or truncated: "
+                              f"{e.message}") from None
+    if not records:
+        return {name: (np.zeros(1, np.int64), np.empty(0, np.int64)) if k == "ragged"
+                else np.empty(0, np.float32 if k == "float" else np.int64)
+                for name, k in columns}
+    try:
+        parsed = tf.io.parse_example(tf.stack(records), spec)
+    except tf.errors.InvalidArgumentError as e:
+        raise FormatError(f"{path}: records do not match the expected columns: {e.message}") \
+            from None
+    out = {}
+    for name, k in columns:
+        t = parsed[name]
+        out[name] = ((t.row_splits.numpy(), t.values.numpy()) if k == "ragged" else t.numpy())
+    return out
