@@ -1,0 +1,886 @@
+// CUDA implementation of the contract in embedding.h (see the CUDA section there).
+//
+// Where the time goes, and why the kernels look like this:
+//   * Forward: a gather of random table rows, bound by memory. A "group" of L lanes (L = a
+//     power of two <= 32, L * 4 >= dim when rows allow 16-byte access) produces one output
+//     row: at dim 128 a warp per row, each lane one float4; at dim 16 four lanes per row and
+//     eight rows per warp. Keys are read by every lane of the group (one broadcast load), the
+//     key loop is unrolled by 4 so that four row loads are in flight before the first add,
+//     and outputs are written with streaming stores (they are not read again by this kernel).
+//     All tables of a call share one launch: the blocks are split between tables by a prefix
+//     held in a __grid_constant__ parameter (no descriptor copy to the device, no workspace).
+//   * Backward (deterministic): CUB radix sort of (key, payload) pairs, stable, so each key's
+//     contributions come out in position order; run heads + an inclusive scan number the
+//     unique keys. Then the sorted array is cut into chunks of kCudaSegment items; the group
+//     owning a chunk walks the "segments" that start in it (a segment = up to kCudaSegment
+//     consecutive contributions of one key, aligned to the key's first contribution) and sums
+//     each in position order. A key with one segment is finished on the spot (written out, or
+//     the optimizer applied to its table row); a longer (hot) key leaves partial sums, which a
+//     second kernel adds in a fixed tree, one block per hot key. Work per group is bounded
+//     whatever the skew (a Zipf hot key is spread over the whole GPU), and there are no float
+//     atomics: the bits depend on the input only.
+//   * Optimizers: the same kernels with an optimizer "epilogue" instead of a write: the fused
+//     backward+optimizer never materializes the gradient; the standalone sparse updates run
+//     their (index, grad row) pairs through the same path, which also coalesces duplicates.
+#include <cub/cub.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "embedding.h"
+
+namespace embedlab {
+namespace {
+
+#define EL_TRY(expr)                          \
+  do {                                        \
+    const cudaError_t el_err_ = (expr);       \
+    if (el_err_ != cudaSuccess) return el_err_; \
+  } while (0)
+
+constexpr int kBlock = 256;        // threads per block of the row kernels
+constexpr int kTreeBlock = 1024;   // threads per block of the hot-key tree reduction
+constexpr int kMaxTablesPerLaunch = 32;
+constexpr int S = kCudaSegment;
+
+inline int log2_lanes_for(int64_t vecs) {
+  int l = 0;
+  while (l < 5 && (int64_t{1} << l) < vecs) ++l;
+  return l;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- vectors of V floats (V = 4: one 16-byte access; V = 1: scalars) ------------------------
+
+template <int V>
+struct Vec {
+  float v[V];
+};
+
+template <int V>
+__device__ __forceinline__ Vec<V> vzero() {
+  Vec<V> r;
+#pragma unroll
+  for (int i = 0; i < V; ++i) r.v[i] = 0.f;
+  return r;
+}
+
+// Read-only path (__ldg): table rows in the forward, gradient rows in the backward.
+template <int V>
+__device__ __forceinline__ Vec<V> vldg(const float* p) {
+  Vec<V> r;
+  if constexpr (V == 4) {
+    const float4 f = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = f.x; r.v[1] = f.y; r.v[2] = f.z; r.v[3] = f.w;
+  } else {
+    r.v[0] = __ldg(p);
+  }
+  return r;
+}
+
+// Plain load: rows this kernel also writes (tables and slots under an optimizer; partials).
+template <int V>
+__device__ __forceinline__ Vec<V> vld(const float* p) {
+  Vec<V> r;
+  if constexpr (V == 4) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    r.v[0] = f.x; r.v[1] = f.y; r.v[2] = f.z; r.v[3] = f.w;
+  } else {
+    r.v[0] = *p;
+  }
+  return r;
+}
+
+template <int V>
+__device__ __forceinline__ void vst(float* p, const Vec<V>& a) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(a.v[0], a.v[1], a.v[2], a.v[3]);
+  } else {
+    *p = a.v[0];
+  }
+}
+
+// Streaming store: forward outputs are written once and not read again here.
+template <int V>
+__device__ __forceinline__ void vstcs(float* p, const Vec<V>& a) {
+  if constexpr (V == 4) {
+    __stcs(reinterpret_cast<float4*>(p), make_float4(a.v[0], a.v[1], a.v[2], a.v[3]));
+  } else {
+    __stcs(p, a.v[0]);
+  }
+}
+
+// acc += w * x, rounded as the CPU does it (a product, then a sum: no FMA contraction).
+template <int V>
+__device__ __forceinline__ void vaxpy(Vec<V>& acc, float w, const Vec<V>& x) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc.v[i] = __fadd_rn(acc.v[i], __fmul_rn(w, x.v[i]));
+}
+
+template <int V>
+__device__ __forceinline__ void vadd(Vec<V>& acc, const Vec<V>& x) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc.v[i] = __fadd_rn(acc.v[i], x.v[i]);
+}
+
+// ============================================================================================
+// Forward
+// ============================================================================================
+
+struct FwdTable {
+  const float* table;
+  const int64_t* offsets;
+  const int64_t* keys;
+  const float* weights;
+  float* out;
+  int64_t dim;
+  int64_t batch;
+  int64_t items;        // batch * chunks
+  int32_t block_begin;  // first block of this table in the launch
+  int32_t lanes_log2;   // group size L = 1 << lanes_log2
+  int32_t chunks;       // column chunks of L * V floats per row (1 unless dim > 32 * V)
+  int32_t vec4;         // 16-byte path
+  int32_t mean;
+};
+
+struct FwdBatch {
+  FwdTable t[kMaxTablesPerLaunch];
+  int32_t num_tables;
+};
+
+template <int V>
+__device__ __forceinline__ void forward_item(const FwdTable& T, int64_t row, int64_t col) {
+  const int64_t begin = __ldg(T.offsets + row);
+  const int64_t end = __ldg(T.offsets + row + 1);
+  const float* __restrict__ tab = T.table + col;
+  const int64_t dim = T.dim;
+  Vec<V> acc = vzero<V>();
+  float wsum = 0.f;
+  int64_t j = begin;
+  // Four independent row loads in flight, then the adds in increasing j (the contract's order).
+  for (; j + 4 <= end; j += 4) {
+    int64_t k[4];
+    float w[4];
+    Vec<V> x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      k[u] = __ldg(T.keys + j + u);
+      w[u] = T.weights ? __ldg(T.weights + j + u) : 1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = k[u] >= 0 ? vldg<V>(tab + k[u] * dim) : vzero<V>();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (k[u] >= 0) {
+        vaxpy(acc, w[u], x[u]);  // w = 1 without weights: 1 * x is exact, so this is "+= x"
+        wsum = __fadd_rn(wsum, w[u]);
+      }
+    }
+  }
+  for (; j < end; ++j) {
+    const int64_t k = __ldg(T.keys + j);
+    if (k < 0) continue;
+    const float w = T.weights ? __ldg(T.weights + j) : 1.f;
+    vaxpy(acc, w, vldg<V>(tab + k * dim));
+    wsum = __fadd_rn(wsum, w);
+  }
+  if (T.mean) {
+    if (wsum != 0.f) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc.v[i] = __fdiv_rn(acc.v[i], wsum);
+    } else {
+      acc = vzero<V>();
+    }
+  }
+  vstcs<V>(T.out + row * dim + col, acc);
+}
+
+__global__ void __launch_bounds__(kBlock) forward_kernel(const __grid_constant__ FwdBatch b) {
+  int t = 0;
+  while (t + 1 < b.num_tables && static_cast<int32_t>(blockIdx.x) >= b.t[t + 1].block_begin) ++t;
+  const FwdTable& T = b.t[t];
+  const int lg = T.lanes_log2;
+  const int lane = threadIdx.x & ((1 << lg) - 1);
+  const int64_t item = static_cast<int64_t>(blockIdx.x - T.block_begin) * (kBlock >> lg) + (threadIdx.x >> lg);
+  if (item >= T.items) return;
+  const int64_t row = T.chunks == 1 ? item : item / T.chunks;
+  const int64_t chunk = T.chunks == 1 ? 0 : item % T.chunks;
+  if (T.vec4) {
+    const int64_t col = (chunk * (1 << lg) + lane) * 4;
+    if (col < T.dim) forward_item<4>(T, row, col);
+  } else {
+    const int64_t col = chunk * (1 << lg) + lane;
+    if (col < T.dim) forward_item<1>(T, row, col);
+  }
+}
+
+// ============================================================================================
+// Validation
+// ============================================================================================
+
+// status[0]: smallest bad key position; status[1]: smallest row whose offsets decrease;
+// status[2]: 0 if row_offsets[0] != 0 or row_offsets[batch] != nnz. "No error" is the memset
+// pattern 0x7f7f... (a large positive int64), so atomicMin finds the first bad position.
+__global__ void check_ids_kernel(const int64_t* offsets, const int64_t* keys, int64_t batch, int64_t nnz,
+                                 int64_t num_rows, int64_t min_key, unsigned long long* status) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < nnz) {
+    const int64_t k = keys[i];
+    if (k < min_key || k >= num_rows) atomicMin(&status[0], static_cast<unsigned long long>(i));
+  }
+  if (offsets != nullptr) {
+    if (i < batch && offsets[i + 1] < offsets[i]) atomicMin(&status[1], static_cast<unsigned long long>(i));
+    if (i == 0 && (offsets[0] != 0 || offsets[batch] != nnz)) status[2] = 0;
+  }
+}
+
+// ============================================================================================
+// Backward machinery
+// ============================================================================================
+
+// Per position j: sort key (the table key, or `sentinel` = num_rows for -1 so that missing keys
+// sort last), payload (row r without weights: all the reduction needs; position j with
+// weights, plus row_of[j]), and for mean the row's weight sum, added in increasing j as the
+// forward did. One thread per row: rows are short, and one-key rows write coalesced.
+template <typename K>
+__global__ void prep_rows_kernel(const int64_t* offsets, const int64_t* keys, const float* weights, int64_t batch,
+                                 K sentinel, K* skeys, int32_t* svals, int32_t* row_of, float* row_scale) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= batch) return;
+  const int64_t b = offsets ? offsets[r] : r;
+  const int64_t e = offsets ? offsets[r + 1] : r + 1;
+  float wsum = 0.f;
+  for (int64_t j = b; j < e; ++j) {
+    const int64_t k = keys[j];
+    const bool valid = k >= 0;
+    skeys[j] = valid ? static_cast<K>(k) : sentinel;
+    svals[j] = static_cast<int32_t>(weights ? j : r);
+    if (row_of) row_of[j] = static_cast<int32_t>(r);
+    if (valid) wsum = __fadd_rn(wsum, weights ? weights[j] : 1.f);
+  }
+  if (row_scale) row_scale[r] = wsum;
+}
+
+template <typename K>
+__global__ void heads_kernel(const K* skeys, int64_t n, K sentinel, int32_t* flags) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const K k = skeys[i];
+  flags[i] = (k != sentinel && (i == 0 || skeys[i - 1] != k)) ? 1 : 0;
+}
+
+// counters[0] = number of unique keys, [1] = number of valid contributions, [2] = hot keys.
+template <typename K>
+__global__ void scatter_runs_kernel(const K* skeys, const int32_t* rid, int64_t n, K sentinel, int32_t* run_start,
+                                    int64_t* unique_keys, int64_t* num_unique, int32_t* counters) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const K k = skeys[i];
+  if (k == sentinel) {
+    if (i == 0) {  // nothing valid at all
+      counters[0] = 0;
+      counters[1] = 0;
+      run_start[0] = 0;
+      if (num_unique) *num_unique = 0;
+    }
+    return;
+  }
+  const int32_t u = rid[i] - 1;
+  if (i == 0 || skeys[i - 1] != k) {
+    run_start[u] = static_cast<int32_t>(i);
+    if (unique_keys) unique_keys[u] = static_cast<int64_t>(k);
+  }
+  if (i == n - 1 || skeys[i + 1] == sentinel) {  // the last valid contribution
+    counters[0] = u + 1;
+    counters[1] = static_cast<int32_t>(i + 1);
+    run_start[u + 1] = static_cast<int32_t>(i + 1);
+    if (num_unique) *num_unique = u + 1;
+  }
+}
+
+template <typename K>
+struct BwdParams {
+  const K* skeys;
+  const int32_t* svals;
+  const int32_t* row_of;     // with weights
+  const float* weights;      // nullable
+  const float* row_scale;    // mean only
+  const float* grad_out;     // [batch, dim]
+  const int32_t* rid;        // inclusive scan of run heads
+  const int32_t* run_start;  // [nu + 1]
+  int32_t* counters;
+  int32_t* long_list;        // hot keys (more than S contributions), in no particular order
+  float* partial;            // [2 * nnz / S + 2, dim]
+  int64_t n;                 // sorted items (nnz)
+  int64_t dim;
+  int32_t lanes_log2;
+  int32_t chunks;
+};
+
+// ---- epilogues: what happens to a finished key's summed row ----------------------------------
+
+struct GradEpi {  // write (for lookup_backward_cuda)
+  float* rows;
+  int64_t dim;
+  template <int V>
+  __device__ __forceinline__ void operator()(int64_t /*key*/, int64_t u, int64_t col, const Vec<V>& g) const {
+    vst<V>(rows + u * dim + col, g);
+  }
+};
+
+struct SgdEpi {  // w -= g * lr
+  float* table;
+  int64_t dim;
+  float lr;
+  template <int V>
+  __device__ __forceinline__ void operator()(int64_t key, int64_t, int64_t col, const Vec<V>& g) const {
+    float* p = table + key * dim + col;
+    Vec<V> w = vld<V>(p);
+#pragma unroll
+    for (int i = 0; i < V; ++i) w.v[i] = __fsub_rn(w.v[i], __fmul_rn(g.v[i], lr));
+    vst<V>(p, w);
+  }
+};
+
+struct AdagradEpi {  // acc += g*g; w -= (lr*g) / sqrt(acc + eps)
+  float* table;
+  float* acc;
+  int64_t dim;
+  float lr, eps;
+  template <int V>
+  __device__ __forceinline__ void operator()(int64_t key, int64_t, int64_t col, const Vec<V>& g) const {
+    const int64_t off = key * dim + col;
+    Vec<V> w = vld<V>(table + off), a = vld<V>(acc + off);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      a.v[i] = __fadd_rn(a.v[i], __fmul_rn(g.v[i], g.v[i]));
+      w.v[i] = __fsub_rn(w.v[i], __fdiv_rn(__fmul_rn(lr, g.v[i]), __fsqrt_rn(__fadd_rn(a.v[i], eps))));
+    }
+    vst<V>(acc + off, a);
+    vst<V>(table + off, w);
+  }
+};
+
+struct AdamEpi {  // Keras order: m += (g-m)(1-b1); v += (g*g-v)(1-b2); w -= (m*alpha)/(sqrt(v)+eps)
+  float* table;
+  float* m;
+  float* v;
+  int64_t dim;
+  float alpha, one_b1, one_b2, eps;
+  template <int V>
+  __device__ __forceinline__ void operator()(int64_t key, int64_t, int64_t col, const Vec<V>& g) const {
+    const int64_t off = key * dim + col;
+    Vec<V> w = vld<V>(table + off), mm = vld<V>(m + off), vv = vld<V>(v + off);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      mm.v[i] = __fadd_rn(mm.v[i], __fmul_rn(__fsub_rn(g.v[i], mm.v[i]), one_b1));
+      vv.v[i] = __fadd_rn(vv.v[i], __fmul_rn(__fsub_rn(__fmul_rn(g.v[i], g.v[i]), vv.v[i]), one_b2));
+      w.v[i] = __fsub_rn(w.v[i], __fdiv_rn(__fmul_rn(mm.v[i], alpha), __fadd_rn(__fsqrt_rn(vv.v[i]), eps)));
+    }
+    vst<V>(m + off, mm);
+    vst<V>(v + off, vv);
+    vst<V>(table + off, w);
+  }
+};
+
+// Sum of sorted items [s, e) for one column block, in increasing position: the contribution of
+// item i is w_j * g[row] (mean: w_j * (g[row] / wsum_row)), exactly the CPU's expression.
+template <int V, typename K>
+__device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, int64_t s, int64_t e, int64_t col, bool mean) {
+  Vec<V> acc = vzero<V>();
+  const int64_t dim = p.dim;
+  int64_t i = s;
+  for (; i + 4 <= e; i += 4) {
+    int32_t r[4];
+    float w[4], sc[4];
+    Vec<V> g[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int32_t v = __ldg(p.svals + i + u);
+      r[u] = p.weights ? __ldg(p.row_of + v) : v;
+      w[u] = p.weights ? __ldg(p.weights + v) : 1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      g[u] = vldg<V>(p.grad_out + static_cast<int64_t>(r[u]) * dim + col);
+      sc[u] = mean ? __ldg(p.row_scale + r[u]) : 1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      if (mean) {
+#pragma unroll
+        for (int c = 0; c < V; ++c) g[u].v[c] = __fdiv_rn(g[u].v[c], sc[u]);
+      }
+      vaxpy(acc, w[u], g[u]);
+    }
+  }
+  for (; i < e; ++i) {
+    const int32_t v = __ldg(p.svals + i);
+    const int32_t r = p.weights ? __ldg(p.row_of + v) : v;
+    const float w = p.weights ? __ldg(p.weights + v) : 1.f;
+    Vec<V> g = vldg<V>(p.grad_out + static_cast<int64_t>(r) * dim + col);
+    if (mean) {
+      const float sc = __ldg(p.row_scale + r);
+#pragma unroll
+      for (int c = 0; c < V; ++c) g.v[c] = __fdiv_rn(g.v[c], sc);
+    }
+    vaxpy(acc, w, g);
+  }
+  return acc;
+}
+
+// One group per (chunk of S sorted items, column block): sums every segment that starts in
+// the chunk. Partial-sum slot of segment p of a hot key whose first item is a: 2*(a/S) + p,
+// disjoint between keys because a hot key spans more than S items (so its successor starts at
+// least one chunk later, and 2*floor(cnt/S) >= ceil(cnt/S)).
+template <int V, typename K, typename Epi>
+__global__ void __launch_bounds__(kBlock) reduce_segments_kernel(const BwdParams<K> p, const Epi epi, bool mean) {
+  const int lg = p.lanes_log2;
+  const int lane = threadIdx.x & ((1 << lg) - 1);
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * (kBlock >> lg) + (threadIdx.x >> lg);
+  const int64_t g = p.chunks == 1 ? item : item / p.chunks;
+  const int64_t chunk = p.chunks == 1 ? 0 : item % p.chunks;
+  const int64_t col = (chunk * (1 << lg) + lane) * V;
+  const int64_t nvalid = p.counters[1];
+  const int32_t nu = p.counters[0];
+  const int64_t start = g * S;
+  if (start >= nvalid || col >= p.dim) return;
+  const int64_t end = min(start + S, nvalid);
+  int32_t u = __ldg(p.rid + start) - 1;
+  int64_t a = p.run_start[u], b = p.run_start[u + 1];
+  int64_t piece = (start - a + S - 1) / S;
+  int64_t seg = a + piece * S;
+  while (true) {
+    if (seg >= b) {  // next key
+      if (++u >= nu) break;
+      a = b;
+      b = p.run_start[u + 1];
+      piece = 0;
+      seg = a;
+    }
+    if (seg >= end) break;
+    const Vec<V> acc = sum_items<V, K>(p, seg, min(seg + S, b), col, mean);
+    if (b - a <= S) {
+      epi.template operator()<V>(static_cast<int64_t>(p.skeys[a]), u, col, acc);
+    } else {
+      vst<V>(p.partial + (2 * (a / S) + piece) * p.dim + col, acc);
+      if (piece == 0 && lane == 0 && chunk == 0) p.long_list[atomicAdd(&p.counters[2], 1)] = u;
+    }
+    seg += S;
+    ++piece;
+  }
+}
+
+// One block per hot key (grid-stride over the list): Q = kTreeBlock / L groups each add a fixed
+// contiguous slice of the key's partial sums in order, then group 0 adds the Q slice sums in
+// order. The tree depends on the partial count only, never on timing: deterministic bits.
+template <int V, typename K, typename Epi>
+__global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const BwdParams<K> p, const Epi epi) {
+  __shared__ Vec<V> slice_sum[kTreeBlock];
+  const int lg = p.lanes_log2;
+  const int L = 1 << lg;
+  const int lane = threadIdx.x & (L - 1);
+  const int q = threadIdx.x >> lg;
+  const int Q = kTreeBlock >> lg;
+  const int32_t nlong = p.counters[2];
+  for (int32_t h = blockIdx.x; h < nlong; h += gridDim.x) {
+    const int32_t u = p.long_list[h];
+    const int64_t a = p.run_start[u], b = p.run_start[u + 1];
+    const int64_t nseg = (b - a + S - 1) / S;
+    const int64_t per = (nseg + Q - 1) / Q;
+    const float* base = p.partial + 2 * (a / S) * p.dim;
+    const int64_t key = static_cast<int64_t>(p.skeys[a]);
+    for (int32_t c = 0; c < p.chunks; ++c) {
+      const int64_t col = (static_cast<int64_t>(c) * L + lane) * V;
+      Vec<V> acc = vzero<V>();
+      if (col < p.dim) {
+        const int64_t s0 = min(nseg, q * per), s1 = min(nseg, s0 + per);
+        for (int64_t s = s0; s < s1; ++s) vadd(acc, vld<V>(base + s * p.dim + col));
+      }
+      slice_sum[threadIdx.x] = acc;
+      __syncthreads();
+      if (q == 0 && col < p.dim) {
+        Vec<V> tot = vzero<V>();
+        for (int qq = 0; qq < Q; ++qq) vadd(tot, slice_sum[qq * L + lane]);
+        epi.template operator()<V>(key, u, col, tot);
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// ---- workspace layout ----------------------------------------------------------------------
+
+inline size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
+
+struct BwdLayout {
+  size_t skeys_in, skeys_out, svals_in, svals_out, row_of, row_scale, flags, rid, run_start, counters, long_list,
+      partial, cub, total;
+};
+
+template <typename K>
+cudaError_t cub_bytes(int64_t nnz, int end_bit, size_t* bytes) {
+  size_t sort_bytes = 0, scan_bytes = 0;
+  const int n = static_cast<int>(nnz);
+  EL_TRY(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const K*>(nullptr), static_cast<K*>(nullptr),
+                                         static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n, 0,
+                                         end_bit));
+  EL_TRY(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
+                                       static_cast<int32_t*>(nullptr), n));
+  *bytes = std::max(sort_bytes, scan_bytes);
+  return cudaSuccess;
+}
+
+inline bool wide_keys(int64_t num_rows) { return num_rows >= int64_t{0xFFFFFFFF}; }
+
+inline int key_bits(int64_t num_rows) {  // bits of the sentinel num_rows
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= num_rows) ++bits;
+  return bits;
+}
+
+cudaError_t bwd_layout(int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows, BwdLayout* L) {
+  if (nnz >= (int64_t{1} << 31) - 1 || batch >= (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  const size_t ksz = wide_keys(num_rows) ? 8 : 4;
+  const size_t n = static_cast<size_t>(std::max<int64_t>(nnz, 1));
+  size_t cub = 0;
+  if (wide_keys(num_rows)) {
+    EL_TRY(cub_bytes<uint64_t>(nnz, key_bits(num_rows), &cub));
+  } else {
+    EL_TRY(cub_bytes<uint32_t>(nnz, key_bits(num_rows), &cub));
+  }
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += align256(bytes);
+    return at;
+  };
+  L->skeys_in = take(n * ksz);
+  L->skeys_out = take(n * ksz);
+  L->svals_in = take(n * 4);
+  L->svals_out = take(n * 4);
+  L->row_of = take(n * 4);
+  L->row_scale = take(static_cast<size_t>(std::max<int64_t>(batch, 1)) * 4);
+  L->flags = take(n * 4);
+  L->rid = take(n * 4);
+  L->run_start = take((n + 1) * 4);
+  L->counters = take(4 * 4);
+  L->long_list = take((n / (S + 1) + 1) * 4);
+  L->partial = take((2 * (n / S) + 2) * static_cast<size_t>(std::max<int64_t>(dim, 1)) * 4);
+  L->cub = take(std::max<size_t>(cub, 1));
+  L->total = off;
+  return cudaSuccess;
+}
+
+int g_num_sms = 0;
+cudaError_t num_sms(int* out) {
+  if (g_num_sms == 0) {
+    int dev = 0, sms = 0;
+    EL_TRY(cudaGetDevice(&dev));
+    EL_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    g_num_sms = sms;
+  }
+  *out = g_num_sms;
+  return cudaSuccess;
+}
+
+template <int V, typename K, typename Epi>
+cudaError_t launch_reduce(const BwdParams<K>& p, const Epi& epi, bool mean, cudaStream_t stream) {
+  const int64_t groups = (p.n + S - 1) / S * p.chunks;
+  const int64_t per_block = kBlock >> p.lanes_log2;
+  const int64_t blocks = (groups + per_block - 1) / per_block;
+  if (blocks > 0) {
+    reduce_segments_kernel<V, K, Epi><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, epi, mean);
+    EL_TRY(cudaGetLastError());
+  }
+  if (p.n > S) {  // a hot key needs more than S contributions
+    int sms = 0;
+    EL_TRY(num_sms(&sms));
+    const int64_t max_hot = p.n / (S + 1) + 1;
+    const int64_t hot_blocks = std::min<int64_t>(max_hot, 2 * static_cast<int64_t>(sms));
+    reduce_hot_kernel<V, K, Epi><<<static_cast<unsigned>(hot_blocks), kTreeBlock, 0, stream>>>(p, epi);
+    EL_TRY(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+// Sort, number the runs, then reduce with the epilogue. unique_keys/num_unique: only for the
+// plain backward (nullptr otherwise).
+template <typename K, typename Epi>
+cudaError_t backward_impl(const LookupGradArgs& g, int64_t num_rows, const Epi& epi, int64_t* unique_keys,
+                          int64_t* num_unique, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const CsrIds& ids = g.ids;
+  const int64_t nnz = ids.nnz, batch = ids.batch, dim = g.dim;
+  BwdLayout L;
+  EL_TRY(bwd_layout(batch, nnz, dim, num_rows, &L));
+  if (workspace_bytes < L.total || (nnz > 0 && workspace == nullptr)) return cudaErrorInvalidValue;
+  if (ids.row_offsets == nullptr && batch != nnz) return cudaErrorInvalidValue;
+  char* ws = static_cast<char*>(workspace);
+  int32_t* counters = reinterpret_cast<int32_t*>(ws + L.counters);
+  EL_TRY(cudaMemsetAsync(counters, 0, 4 * sizeof(int32_t), stream));
+  if (nnz == 0) {
+    if (num_unique) EL_TRY(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), stream));
+    return cudaSuccess;
+  }
+  K* skeys_in = reinterpret_cast<K*>(ws + L.skeys_in);
+  K* skeys = reinterpret_cast<K*>(ws + L.skeys_out);
+  int32_t* svals_in = reinterpret_cast<int32_t*>(ws + L.svals_in);
+  int32_t* svals = reinterpret_cast<int32_t*>(ws + L.svals_out);
+  int32_t* row_of = ids.weights ? reinterpret_cast<int32_t*>(ws + L.row_of) : nullptr;
+  const bool mean = g.combiner == Combiner::kMean;
+  float* row_scale = mean ? reinterpret_cast<float*>(ws + L.row_scale) : nullptr;
+  int32_t* flags = reinterpret_cast<int32_t*>(ws + L.flags);
+  int32_t* rid = reinterpret_cast<int32_t*>(ws + L.rid);
+  int32_t* run_start = reinterpret_cast<int32_t*>(ws + L.run_start);
+  const K sentinel = static_cast<K>(num_rows);
+  const int n = static_cast<int>(nnz);
+  const unsigned row_blocks = static_cast<unsigned>((batch + kBlock - 1) / kBlock);
+  const unsigned item_blocks = static_cast<unsigned>((nnz + kBlock - 1) / kBlock);
+
+  if (row_blocks > 0) {
+    prep_rows_kernel<K><<<row_blocks, kBlock, 0, stream>>>(ids.row_offsets, ids.keys, ids.weights, batch, sentinel,
+                                                           skeys_in, svals_in, row_of, row_scale);
+    EL_TRY(cudaGetLastError());
+  }
+  size_t cub_bytes_avail = L.total - L.cub;
+  void* cub_tmp = ws + L.cub;
+  // Stable LSD radix sort over only the bits the sentinel needs: equal keys keep position order.
+  EL_TRY(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes_avail, skeys_in, skeys, svals_in, svals, n, 0,
+                                         key_bits(num_rows), stream));
+  heads_kernel<K><<<item_blocks, kBlock, 0, stream>>>(skeys, nnz, sentinel, flags);
+  EL_TRY(cudaGetLastError());
+  cub_bytes_avail = L.total - L.cub;
+  EL_TRY(cub::DeviceScan::InclusiveSum(cub_tmp, cub_bytes_avail, flags, rid, n, stream));
+  scatter_runs_kernel<K><<<item_blocks, kBlock, 0, stream>>>(skeys, rid, nnz, sentinel, run_start, unique_keys,
+                                                             num_unique, counters);
+  EL_TRY(cudaGetLastError());
+
+  BwdParams<K> p;
+  p.skeys = skeys;
+  p.svals = svals;
+  p.row_of = row_of;
+  p.weights = ids.weights;
+  p.row_scale = row_scale;
+  p.grad_out = g.grad_out;
+  p.rid = rid;
+  p.run_start = run_start;
+  p.counters = counters;
+  p.long_list = reinterpret_cast<int32_t*>(ws + L.long_list);
+  p.partial = reinterpret_cast<float*>(ws + L.partial);
+  p.n = nnz;
+  p.dim = dim;
+  // 16-byte path when every row (grad_out, partials, table/slots via the epilogue) is aligned.
+  const bool vec4 = dim % 4 == 0 && aligned16(g.grad_out);
+  const int64_t vecs = vec4 ? dim / 4 : dim;
+  p.lanes_log2 = log2_lanes_for(vecs);
+  p.chunks = static_cast<int32_t>((vecs + (1 << p.lanes_log2) - 1) >> p.lanes_log2);
+  return vec4 ? launch_reduce<4, K, Epi>(p, epi, mean, stream) : launch_reduce<1, K, Epi>(p, epi, mean, stream);
+}
+
+template <typename Epi>
+cudaError_t backward_dispatch(const LookupGradArgs& g, int64_t num_rows, const Epi& epi, int64_t* unique_keys,
+                              int64_t* num_unique, void* ws, size_t ws_bytes, cudaStream_t stream) {
+  if (wide_keys(num_rows))
+    return backward_impl<uint64_t, Epi>(g, num_rows, epi, unique_keys, num_unique, ws, ws_bytes, stream);
+  return backward_impl<uint32_t, Epi>(g, num_rows, epi, unique_keys, num_unique, ws, ws_bytes, stream);
+}
+
+bool rows_aligned(const float* p, int64_t dim) { return p == nullptr || dim % 4 != 0 || aligned16(p); }
+
+// Adam's step size, computed on the host exactly as sparse_adam_cpu does.
+AdamEpi adam_epi(const SparseUpdateArgs& t, const AdamParams& p) {
+  const float ts = static_cast<float>(p.step);
+  const float b1p = std::pow(p.beta1, ts);
+  const float b2p = std::pow(p.beta2, ts);
+  AdamEpi e;
+  e.table = t.table;
+  e.m = t.slot1;
+  e.v = t.slot2;
+  e.dim = t.dim;
+  e.alpha = p.lr * std::sqrt(1.f - b2p) / (1.f - b1p);
+  e.one_b1 = 1.f - p.beta1;
+  e.one_b2 = 1.f - p.beta2;
+  e.eps = p.epsilon;
+  return e;
+}
+
+}  // namespace
+
+// ============================================================================================
+// Public entry points
+// ============================================================================================
+
+cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaStream_t stream) {
+  for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
+    FwdBatch b;
+    std::memset(&b, 0, sizeof(b));
+    int64_t blocks = 0;
+    int nt = 0;
+    for (int t = t0; t < std::min(num_tables, t0 + kMaxTablesPerLaunch); ++t, ++nt) {
+      const LookupArgs& a = tables[t];
+      FwdTable& T = b.t[nt];
+      T.table = a.table;
+      T.offsets = a.ids.row_offsets;
+      T.keys = a.ids.keys;
+      T.weights = a.ids.weights;
+      T.out = a.out;
+      T.dim = a.dim;
+      T.batch = a.ids.batch;
+      T.mean = a.combiner == Combiner::kMean;
+      T.vec4 = a.dim % 4 == 0 && aligned16(a.table) && aligned16(a.out);
+      const int64_t vecs = T.vec4 ? a.dim / 4 : a.dim;
+      T.lanes_log2 = log2_lanes_for(vecs);
+      T.chunks = static_cast<int32_t>(std::max<int64_t>(1, (vecs + (1 << T.lanes_log2) - 1) >> T.lanes_log2));
+      T.items = a.dim > 0 ? a.ids.batch * T.chunks : 0;
+      T.block_begin = static_cast<int32_t>(blocks);
+      const int64_t per_block = kBlock >> T.lanes_log2;
+      blocks += (T.items + per_block - 1) / per_block;
+      if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+    }
+    b.num_tables = nt;
+    if (blocks == 0) continue;
+    forward_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+    EL_TRY(cudaGetLastError());
+  }
+  return cudaSuccess;
+}
+
+size_t check_ids_cuda_workspace() { return 256; }
+
+std::string check_ids_cuda(const CsrIds& ids, int64_t num_rows, bool allow_missing, void* workspace,
+                           cudaStream_t stream, cudaError_t* err) {
+  *err = cudaSuccess;
+  if (ids.batch < 0 || ids.nnz < 0) return "negative size";
+  auto fail = [&](cudaError_t e) {
+    *err = e;
+    return std::string("CUDA error: ") + cudaGetErrorString(e);
+  };
+  unsigned long long* status = static_cast<unsigned long long*>(workspace);
+  cudaError_t e = cudaMemsetAsync(status, 0x7f, 3 * sizeof(unsigned long long), stream);
+  if (e != cudaSuccess) return fail(e);
+  const int64_t n = std::max<int64_t>(std::max(ids.nnz, ids.batch), 1);
+  check_ids_kernel<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      ids.row_offsets, ids.keys, ids.batch, ids.nnz, num_rows, allow_missing ? -1 : 0, status);
+  if ((e = cudaGetLastError()) != cudaSuccess) return fail(e);
+  unsigned long long host[3];
+  if ((e = cudaMemcpyAsync(host, status, sizeof(host), cudaMemcpyDeviceToHost, stream)) != cudaSuccess) return fail(e);
+  if ((e = cudaStreamSynchronize(stream)) != cudaSuccess) return fail(e);
+  const unsigned long long ok = 0x7f7f7f7f7f7f7f7fULL;
+  if (host[0] == ok && host[1] == ok && host[2] == ok) return "";
+  // Cold path: copy the ids to the host and let the CPU check word the message.
+  std::vector<int64_t> keys(ids.nnz), offs;
+  if (ids.nnz > 0 &&
+      (e = cudaMemcpy(keys.data(), ids.keys, ids.nnz * sizeof(int64_t), cudaMemcpyDeviceToHost)) != cudaSuccess)
+    return fail(e);
+  if (ids.row_offsets == nullptr) {
+    const int64_t j = static_cast<int64_t>(host[0]);
+    return "index " + std::to_string(keys[j]) + " at position " + std::to_string(j) + " is outside the table of " +
+           std::to_string(num_rows) + " rows";
+  }
+  offs.resize(ids.batch + 1);
+  if ((e = cudaMemcpy(offs.data(), ids.row_offsets, offs.size() * sizeof(int64_t), cudaMemcpyDeviceToHost)) !=
+      cudaSuccess)
+    return fail(e);
+  CsrIds h = ids;
+  h.keys = keys.data();
+  h.row_offsets = offs.data();
+  h.weights = nullptr;
+  if (!allow_missing)
+    for (int64_t j = 0; j < ids.nnz; ++j)
+      if (keys[j] == -1) return "index -1 at position " + std::to_string(j) + " is not a valid row";
+  std::string msg = check_ids(h, num_rows);
+  return msg.empty() ? "invalid ids (found on the device)" : msg;
+}
+
+size_t lookup_backward_cuda_workspace(int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows, cudaError_t* err) {
+  BwdLayout L;
+  const cudaError_t e = bwd_layout(batch, nnz, dim, num_rows, &L);
+  if (err) *err = e;
+  return e == cudaSuccess ? L.total : 0;
+}
+
+cudaError_t lookup_backward_cuda(const LookupGradArgs& args, int64_t num_rows, int64_t* unique_keys, float* rows,
+                                 int64_t* num_unique, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (!rows_aligned(rows, args.dim) && aligned16(args.grad_out)) return cudaErrorMisalignedAddress;
+  GradEpi epi{rows, args.dim};
+  return backward_dispatch(args, num_rows, epi, unique_keys, num_unique, workspace, workspace_bytes, stream);
+}
+
+cudaError_t lookup_backward_apply_cuda(const LookupGradArgs& grad, const SparseUpdateArgs& t, const SparseOptimizer& opt,
+                                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (t.dim != grad.dim) return cudaErrorInvalidValue;
+  // The 16-byte path is chosen from grad_out's alignment; the table rows must then agree.
+  if (aligned16(grad.grad_out) &&
+      !(rows_aligned(t.table, t.dim) && rows_aligned(t.slot1, t.dim) && rows_aligned(t.slot2, t.dim)))
+    return cudaErrorMisalignedAddress;
+  switch (opt.kind) {
+    case OptimizerKind::kSgd: {
+      SgdEpi e{t.table, t.dim, opt.sgd.lr};
+      return backward_dispatch(grad, t.num_rows, e, nullptr, nullptr, workspace, workspace_bytes, stream);
+    }
+    case OptimizerKind::kAdagrad: {
+      if (t.slot1 == nullptr) return cudaErrorInvalidValue;
+      AdagradEpi e{t.table, t.slot1, t.dim, opt.adagrad.lr, opt.adagrad.epsilon};
+      return backward_dispatch(grad, t.num_rows, e, nullptr, nullptr, workspace, workspace_bytes, stream);
+    }
+    case OptimizerKind::kAdam: {
+      if (t.slot1 == nullptr || t.slot2 == nullptr || opt.adam.step < 1) return cudaErrorInvalidValue;
+      return backward_dispatch(grad, t.num_rows, adam_epi(t, opt.adam), nullptr, nullptr, workspace, workspace_bytes,
+                               stream);
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+size_t sparse_update_cuda_workspace(int64_t n, int64_t dim, int64_t num_rows, cudaError_t* err) {
+  return lookup_backward_cuda_workspace(n, n, dim, num_rows, err);
+}
+
+namespace {
+cudaError_t sparse_update(const SparseUpdateArgs* tables, int num_tables, const SparseOptimizer& opt, void* ws,
+                          size_t ws_bytes, cudaStream_t stream) {
+  for (int t = 0; t < num_tables; ++t) {
+    const SparseUpdateArgs& a = tables[t];
+    LookupGradArgs g;
+    g.ids.row_offsets = nullptr;  // one index per "row": grads[i] belongs to indices[i]
+    g.ids.keys = a.indices;
+    g.ids.batch = a.n;
+    g.ids.nnz = a.n;
+    g.combiner = Combiner::kSum;
+    g.dim = a.dim;
+    g.grad_out = a.grads;
+    EL_TRY(lookup_backward_apply_cuda(g, a, opt, ws, ws_bytes, stream));
+  }
+  return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t sparse_sgd_cuda(const SparseUpdateArgs* tables, int num_tables, SgdParams p, void* ws, size_t ws_bytes,
+                            cudaStream_t stream) {
+  SparseOptimizer o;
+  o.kind = OptimizerKind::kSgd;
+  o.sgd = p;
+  return sparse_update(tables, num_tables, o, ws, ws_bytes, stream);
+}
+
+cudaError_t sparse_adagrad_cuda(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, void* ws,
+                                size_t ws_bytes, cudaStream_t stream) {
+  SparseOptimizer o;
+  o.kind = OptimizerKind::kAdagrad;
+  o.adagrad = p;
+  return sparse_update(tables, num_tables, o, ws, ws_bytes, stream);
+}
+
+cudaError_t sparse_adam_cuda(const SparseUpdateArgs* tables, int num_tables, AdamParams p, void* ws, size_t ws_bytes,
+                             cudaStream_t stream) {
+  SparseOptimizer o;
+  o.kind = OptimizerKind::kAdam;
+  o.adam = p;
+  return sparse_update(tables, num_tables, o, ws, ws_bytes, stream);
+}
+
+}  // namespace embedlab
