@@ -168,6 +168,9 @@ constexpr int kCudaSegment = 32;
 
 // Fused multi-table forward: one kernel launch per 32 tables.
 cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaStream_t stream);
+// Benchmark knob (process-wide, not thread-safe): register cap of the forward kernel, as the
+// resident blocks per SM it must allow: 0 (default: compiler's choice), 6 or 8.
+void set_cuda_forward_min_blocks(int min_blocks);
 
 // Validates ids on the device. allow_missing: whether -1 is allowed (lookups: yes; optimizer
 // indices: no). Returns "" or the same message check_ids() gives. SYNCHRONIZES the stream (it

@@ -199,7 +199,10 @@ __device__ __forceinline__ void forward_item(const FwdTable& T, int64_t row, int
   vstcs<V>(T.out + row * dim + col, acc);
 }
 
-__global__ void __launch_bounds__(kBlock) forward_kernel(const __grid_constant__ FwdBatch b) {
+// kMinBlocks: resident blocks per SM the compiler must allow (caps registers). 1 leaves the
+// compiler free; 8 forces full occupancy (32 registers). Chosen by set_cuda_forward_min_blocks.
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kBlock, kMinBlocks) forward_kernel(const __grid_constant__ FwdBatch b) {
   int t = 0;
   while (t + 1 < b.num_tables && static_cast<int32_t>(blockIdx.x) >= b.t[t + 1].block_begin) ++t;
   const FwdTable& T = b.t[t];
@@ -708,10 +711,15 @@ AdamEpi adam_epi(const SparseUpdateArgs& t, const AdamParams& p) {
   return e;
 }
 
+int g_forward_min_blocks = 0;
+
 }  // namespace
 
 // ============================================================================================
 // Public entry points
+// ============================================================================================
+
+void set_cuda_forward_min_blocks(int min_blocks) { g_forward_min_blocks = min_blocks; }
 // ============================================================================================
 
 cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaStream_t stream) {
@@ -743,7 +751,13 @@ cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaSt
     }
     b.num_tables = nt;
     if (blocks == 0) continue;
-    forward_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+    if (g_forward_min_blocks >= 8) {
+      forward_kernel<8><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+    } else if (g_forward_min_blocks >= 6) {
+      forward_kernel<6><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+    } else {
+      forward_kernel<1><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+    }
     EL_TRY(cudaGetLastError());
   }
   return cudaSuccess;

@@ -342,6 +342,9 @@ void register_cuda(nb::module_& m) {
       },
       "Number of CUDA devices visible (0 without a driver or GPU).");
 
+  m.def("_set_cuda_forward_min_blocks", &set_cuda_forward_min_blocks, nb::arg("min_blocks"),
+        "Benchmark knob: 0 (default), 6 or 8 resident blocks per SM for the forward kernel.");
+
   m.def(
       "lookup_backward_cuda_workspace_size",
       [](int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows) {

@@ -251,12 +251,15 @@ void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
   const std::string& op = self->type_string();
   std::vector<int> var_inputs;
   for (int i = 0; i < n * (1 + kSlots); ++i) var_inputs.push_back(i);
-  // Exclusive locks in address order (TF's own helper), copy-on-write if the buffer is shared.
-  auto locks = MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true, /*sparse=*/false,
+  // Exclusive locks in address order (TF's own helper). sparse=true, as TensorFlow's own
+  // ResourceSparseApply* ops do: the variable switches once to copy-on-read mode and is then
+  // updated in place. The dense protocol (sparse=false) would copy the whole table on every
+  // update once any sparse op (e.g. tf.gather) has touched the variable.
+  auto locks = MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true, /*sparse=*/true,
                                                                        var_inputs);
   std::vector<Tensor> vars(n * (1 + kSlots));
   for (int i = 0; i < n * (1 + kSlots); ++i) {
-    OP_REQUIRES_OK(ctx, GetInputTensorFromVariable<CPUDevice, float>(ctx, i, /*lock_held=*/true, /*sparse=*/false,
+    OP_REQUIRES_OK(ctx, GetInputTensorFromVariable<CPUDevice, float>(ctx, i, /*lock_held=*/true, /*sparse=*/true,
                                                                      &vars[i]));
   }
   const int idx0 = n * (1 + kSlots), grad0 = idx0 + n;
