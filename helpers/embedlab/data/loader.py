@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from .criteo import LABEL
-from .formats import parquet_files, schema_columns
+from .formats import FormatError, parquet_files, schema_columns
 
 try:  # Keras accepts any DataAdapter in fit/evaluate/predict without conversion.
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter as _Base
@@ -221,7 +221,10 @@ class ParquetLoader(_Base):
     def _read_group(self, f, i):
         import pyarrow as pa
         import pyarrow.parquet as pq
-        t = pq.ParquetFile(f).read_row_group(i, columns=self.columns, use_threads=True)
+        try:
+            t = pq.ParquetFile(f).read_row_group(i, columns=self.columns, use_threads=True)
+        except (pa.ArrowException, OSError) as e:
+            raise FormatError(f"ParquetLoader: cannot read {f} row group {i}: {e}") from e
         out = {}
         for c in self.columns:
             a = t.column(c).combine_chunks()
