@@ -1,0 +1,230 @@
+"""CPU benchmark: EmbedLab's fused lookup vs `tf.nn.safe_embedding_lookup_sparse`, Criteo shape.
+
+26 tables of `rows` x dim float32 (default 1M rows; dims 16, 64, 128), batch 4,096, 1-3 keys
+per row drawn uniformly from the table (uniform keys: the cache-unfriendly case), one
+`tf.SparseTensor` of ids per table, the same tensors for both sides. Everything runs inside
+`tf.function`, warmed up, and each figure is the median over `--repeats` timed calls.
+
+Measured, per dim, in the same run:
+
+* forward: `embedlab.ops.fused_embedding_lookup` over the 26 tables (one op) vs 26 calls of
+  `tf.nn.safe_embedding_lookup_sparse` (the op a TensorFlow user would otherwise pick). The
+  EmbedLab side is timed twice: with the same COO `SparseTensor` (converted to CSR inside,
+  by a counting sort) and with pre-built CSR (`tf.RaggedTensor`) input.
+* train step: forward, backward (`GradientTape`) and an SGD update with
+  `embedlab.optimizers.SGD` (fused sparse kernel) vs the native step
+  (safe_embedding_lookup_sparse + tape + `keras.optimizers.SGD`). Both use the loss
+  sum_t sum(out_t * r_t) with fixed random r_t. The pieces (forward+backward without the
+  update) are timed too, so the table shows where the time goes.
+
+Prints a table with ratios and writes JSON (default helpers/benchmarks/results/lookup_cpu.json).
+
+Usage:
+    PYTHONPATH=helpers python helpers/benchmarks/lookup_cpu.py --dims 16 64 128 --repeats 20
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def _parse():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dims", type=int, nargs="+", default=[16, 64, 128])
+    p.add_argument("--repeats", type=int, default=20, help="timed calls per measurement (median)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows per table")
+    p.add_argument("--tables", type=int, default=26)
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--max-keys", type=int, default=3, help="keys per row drawn from 1..max")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--native-first", action="store_true",
+                   help="time the native side first (shows the copy-on-read slowdown)")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "lookup_cpu.json")
+    return p.parse_args()
+
+
+def _median_ms(fn, args, warmup, repeats):
+    for _ in range(warmup):
+        _block(fn(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        _block(fn(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _block(res):
+    # tf.function returns eagerly materialized tensors on CPU; touching one small value makes
+    # sure the work is done (no async executor hides time).
+    import tensorflow as tf
+    flat = tf.nest.flatten(res)
+    if flat:
+        flat[0].numpy()
+
+
+def _cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def run_dim(dim, a, tf, keras, ops, eopt):
+    rng = np.random.default_rng(a.seed + dim)
+    T, B = a.tables, a.batch
+    print(f"[dim {dim}] creating {T} tables of {a.rows:,} x {dim} "
+          f"({T * a.rows * dim * 4 / 2**30:.2f} GiB)...", flush=True)
+    tables = [tf.Variable(tf.random.uniform([a.rows, dim], -0.05, 0.05, seed=a.seed + t),
+                          name=f"table_{t}") for t in range(T)]
+    sp_ids, rg_ids = [], []
+    nkeys = 0
+    for _ in range(T):
+        counts = rng.integers(1, a.max_keys + 1, size=B)
+        nkeys += int(counts.sum())
+        keys = rng.integers(0, a.rows, size=int(counts.sum()), dtype=np.int64)
+        rows = np.repeat(np.arange(B, dtype=np.int64), counts)
+        cols = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
+        sp_ids.append(tf.SparseTensor(np.stack([rows, cols], 1), keys, [B, a.max_keys]))
+        rg_ids.append(tf.RaggedTensor.from_row_lengths(keys, counts.astype(np.int64)))
+    r = [tf.constant(rng.standard_normal((B, dim)).astype(np.float32)) for _ in range(T)]
+
+    @tf.function
+    def fwd_native(ids):
+        return [tf.nn.safe_embedding_lookup_sparse(tables[t], ids[t], combiner="sum") for t in range(T)]
+
+    @tf.function
+    def fwd_embedlab(ids):
+        return ops.fused_embedding_lookup(tables, ids, "sum")
+
+    def _loss(outs):
+        return tf.add_n([tf.reduce_sum(o * r[t]) for t, o in enumerate(outs)])
+
+    @tf.function
+    def grad_native(ids):
+        with tf.GradientTape() as tape:
+            loss = _loss([tf.nn.safe_embedding_lookup_sparse(tables[t], ids[t], combiner="sum")
+                          for t in range(T)])
+        g = tape.gradient(loss, tables)
+        return [x.values for x in g]
+
+    @tf.function
+    def grad_embedlab(ids):
+        with tf.GradientTape() as tape:
+            loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
+        g = tape.gradient(loss, tables)
+        return [x.values for x in g]
+
+    k_sgd = keras.optimizers.SGD(learning_rate=0.01)
+    k_sgd.build(tables)
+    e_sgd = eopt.SGD(learning_rate=0.01)
+    e_sgd.build(tables)
+
+    @tf.function
+    def step_native(ids):
+        with tf.GradientTape() as tape:
+            loss = _loss([tf.nn.safe_embedding_lookup_sparse(tables[t], ids[t], combiner="sum")
+                          for t in range(T)])
+        k_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+
+    @tf.function
+    def step_embedlab(ids):
+        with tf.GradientTape() as tape:
+            loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
+        e_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+
+    # Same answer first (a benchmark of a wrong result is worthless). Compared on tensors
+    # (a read copy), so the variables themselves are not touched by a native gather yet.
+    vals = [tf.convert_to_tensor(t) for t in tables]
+    for t in range(T):
+        want = tf.nn.safe_embedding_lookup_sparse(vals[t], sp_ids[t], combiner="sum")
+        got = ops.embedding_lookup(tables[t], sp_ids[t], "sum")
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    del vals
+
+    m = lambda fn, ids: _median_ms(fn, (ids,), a.warmup, a.repeats)
+    res = {"dim": dim, "keys_per_batch": nkeys}
+    # EmbedLab is timed before the native side touches the tables: TF's ResourceGather puts a
+    # variable into "copy-on-read" mode, after which the current sparse-apply kernel copies the
+    # whole table on every update (see RESULTS.md). --native-first shows that case.
+    order = ["native", "embedlab"] if a.native_first else ["embedlab", "native"]
+    for side in order:
+        print(f"[dim {dim}] timing {side}...", flush=True)
+        if side == "embedlab":
+            res["fwd_embedlab_coo_ms"] = m(fwd_embedlab, sp_ids)
+            res["fwd_embedlab_csr_ms"] = m(fwd_embedlab, rg_ids)
+            res["fwdbwd_embedlab_coo_ms"] = m(grad_embedlab, sp_ids)
+            res["step_embedlab_coo_ms"] = m(step_embedlab, sp_ids)
+            res["step_embedlab_csr_ms"] = m(step_embedlab, rg_ids)
+        else:
+            res["fwd_native_ms"] = m(fwd_native, sp_ids)
+            res["fwdbwd_native_ms"] = m(grad_native, sp_ids)
+            res["step_native_ms"] = m(step_native, sp_ids)
+    res["fwd_ratio_coo"] = res["fwd_native_ms"] / res["fwd_embedlab_coo_ms"]
+    res["fwd_ratio_csr"] = res["fwd_native_ms"] / res["fwd_embedlab_csr_ms"]
+    res["step_ratio_coo"] = res["step_native_ms"] / res["step_embedlab_coo_ms"]
+    res["step_ratio_csr"] = res["step_native_ms"] / res["step_embedlab_csr_ms"]
+    res["fwd_embedlab_mkeys_s"] = nkeys / res["fwd_embedlab_coo_ms"] / 1e3
+    res["fwd_native_mkeys_s"] = nkeys / res["fwd_native_ms"] / 1e3
+    del tables
+    return res
+
+
+def main():
+    a = _parse()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.path.insert(0, str(HERE.parent))
+    import keras
+    import tensorflow as tf
+
+    import embedlab
+    from embedlab import ops
+    from embedlab import optimizers as eopt
+
+    results = [run_dim(d, a, tf, keras, ops, eopt) for d in a.dims]
+    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+               "tensorflow": tf.__version__, "keras": keras.__version__,
+               "embedlab": embedlab.__version__}
+    cmd = "PYTHONPATH=helpers python helpers/benchmarks/lookup_cpu.py " + " ".join(sys.argv[1:])
+    hdr = (f"{'dim':>4} | {'fwd TF ms':>9} | {'fwd EL coo':>10} | {'fwd EL csr':>10} | {'fwd x (coo/csr)':>15} | "
+           f"{'f+b TF':>7} | {'f+b EL':>7} | {'step TF ms':>10} | {'step EL coo':>11} | {'step EL csr':>11} | "
+           f"{'step x (coo/csr)':>16}")
+    print()
+    print(f"{a.tables} tables x {a.rows:,} rows, batch {a.batch}, 1-{a.max_keys} keys/row, "
+          f"median of {a.repeats}; machine: {machine['cpu']}, {machine['cores']} cores, TF {tf.__version__}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        print(f"{r['dim']:>4} | {r['fwd_native_ms']:>9.2f} | {r['fwd_embedlab_coo_ms']:>10.2f} | "
+              f"{r['fwd_embedlab_csr_ms']:>10.2f} | {r['fwd_ratio_coo']:>6.2f} / {r['fwd_ratio_csr']:<6.2f} | "
+              f"{r['fwdbwd_native_ms']:>7.2f} | {r['fwdbwd_embedlab_coo_ms']:>7.2f} | "
+              f"{r['step_native_ms']:>10.2f} | {r['step_embedlab_coo_ms']:>11.2f} | "
+              f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}")
+    out = {"command": cmd, "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v)
+                                                           for k, v in vars(a).items()},
+           "results": results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, a.out)
+    print(f"\nwrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

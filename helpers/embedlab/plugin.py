@@ -1,0 +1,722 @@
+"""HugeCTR's TensorFlow embedding plugin, as a Keras 3 layer on EmbedLab's compiled ops.
+
+The workflow of HugeCTR's `hugectr_tf_ops` (v2.3/v3.0), rebuilt on today's Keras:
+
+    import embedlab.plugin as plugin
+    plugin.init(devices=["/CPU:0", "/CPU:1"], seed=0)      # callable again, any time
+    emb = plugin.EmbeddingLayer(vocabulary_size=1000, embedding_vec_size=8, slot_num=26,
+                                max_nnz=2, combiner="sum", embedding_type="distributed",
+                                optimizer=embedlab.optimizers.Adam(0.001))
+    out = emb(keys)                                        # [batch, 26, 8]
+
+Input (any of):
+
+* dense int64 `[batch, slot_num, max_nnz]` keys padded with -1 (key 0 is valid);
+* a COO `tf.SparseTensor` with dense_shape `[batch * slot_num, max_nnz]` or
+  `[batch, slot_num, max_nnz]` (converted to CSR by a compiled counting sort);
+* pre-built CSR, a tuple `(row_offsets, values)`: `row_offsets` int64 `[batch*slot_num + 1]`,
+  `values` int64 `[nnz]` (HugeCTR's `fprop_v3` input). This skips the COO -> CSR sort.
+
+Output: float32 `[batch, slot_num, embedding_vec_size]`, each slot's keys pooled with
+`combiner` ("sum" or "mean"); an empty slot gives zeros.
+
+Placement ("devices" are the ones given to `init`, by default every logical CPU device):
+
+* "distributed": rows are sharded by key % n: shard i holds keys i, i+n, i+2n, ... at local
+  row key // n, so memory is vocabulary_size * vec floats in total.
+* "localized": slot s lives on device s % n. With `slot_size_array` (keys of slot s lie in
+  [offset_s, offset_s + slot_size_array[s]), offsets the running sum, as HugeCTR's
+  preprocessing writes them) each device holds only its slots' rows. Without it every device
+  holds a full vocabulary_size-row table (n times the memory) and a key must be used by the
+  slots of one device only (true for Criteo-style per-slot offsets); `save` raises if a key
+  was trained on two devices.
+
+Results are bitwise identical whatever the number of devices: with one device the layer does
+one pooled lookup; with several, each device gathers its rows unpooled (keys it doesn't own
+masked to -1, which gives exact zeros), the gathered rows are added (x + 0 is exact), and one
+pooled lookup over them in the original key order does the same float additions as the
+one-device path. Initial values are a function of (seed, key) only, so sharding does not
+change them.
+
+To split one CPU into n logical devices (to try sharding on a laptop), call
+`split_cpu(n)` (or `tf.config.set_logical_device_configuration`) *before* TensorFlow
+initializes its devices, i.e. before the first op runs.
+
+Training: with `optimizer=None` the tables are ordinary trainable variables and their
+`IndexedSlices` gradients go to whatever optimizer the model uses (use
+`embedlab.optimizers.*` for compiled sparse updates). With an EmbedLab optimizer, the layer
+trains its tables itself, as the plugin did: its tables are non-trainable to Keras, a scalar
+`bp_trigger` variable is trainable and, when backprop reaches it (in `model.fit`, or any
+`GradientTape`), the layer applies its optimizer to the tables' sparse gradients; the
+trigger's gradient is zero, so the model's optimizer leaves it at 0. Call `tape.gradient`
+once per step (each call applies an update).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from . import ops
+
+__all__ = ["init", "split_cpu", "current", "EmbeddingLayer", "PluginConfig", "initial_values"]
+
+_COMBINERS = ("sum", "mean")
+_TYPES = ("distributed", "localized")
+_INIT_SCALE = 0.05           # "random" initializer: uniform(-0.05, 0.05), Keras Embedding's default
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """What `init` set: the devices later layers shard over, and the initializer seed."""
+    devices: tuple
+    seed: int
+
+
+_STATE: dict = {"config": None}
+
+
+def _canonical(device: str) -> str:
+    spec = tf.DeviceSpec.from_string(device)
+    for d in tf.config.list_logical_devices():
+        ds = tf.DeviceSpec.from_string(d.name)
+        if ds.device_type == (spec.device_type or "").upper() and ds.device_index == (spec.device_index or 0):
+            return d.name
+    names = [d.name for d in tf.config.list_logical_devices()]
+    raise ValueError(f"embedlab.plugin.init: device {device!r} is not a logical device of this process "
+                     f"(have {names}); split the CPU with embedlab.plugin.split_cpu(n) before TensorFlow starts")
+
+
+def init(devices: Sequence[str] | str | None = None, seed: int = 0) -> PluginConfig:
+    """Sets the devices and the seed for the EmbeddingLayers created afterwards.
+
+    Unlike HugeCTR's `init`, this can be called again at any time (no `reset()` needed);
+    layers already created keep the devices and seed they were created with.
+
+    Args:
+        devices: device strings such as `["/CPU:0", "/CPU:1"]` or `"/GPU:0"`; default: every
+            logical CPU device (see `split_cpu`).
+        seed: initializer seed (an int >= 0). A key's initial row depends on (seed, key) only.
+
+    Returns:
+        The `PluginConfig` now in force.
+
+    Example:
+        >>> cfg = init(["/CPU:0"], seed=1)
+        >>> cfg.devices
+        ('/job:localhost/replica:0/task:0/device:CPU:0',)
+    """
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"embedlab.plugin.init: seed must be a non-negative int, got {seed!r}")
+    if devices is None:
+        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    elif isinstance(devices, str):
+        devices = [devices]
+    devices = [_canonical(d) for d in devices]
+    if not devices:
+        raise ValueError("embedlab.plugin.init: devices must not be empty")
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"embedlab.plugin.init: devices must be distinct, got {devices}")
+    cfg = PluginConfig(tuple(devices), int(seed))
+    _STATE["config"] = cfg
+    return cfg
+
+
+def current() -> PluginConfig:
+    """The configuration `init` set last (calls `init()` with its defaults if it never ran)."""
+    if _STATE["config"] is None:
+        init()
+    return _STATE["config"]
+
+
+def split_cpu(n: int) -> list:
+    """Splits the physical CPU into `n` logical devices; must run before TensorFlow starts.
+
+    Call it at the top of a program or notebook, before any TensorFlow op or device query
+    (afterwards TensorFlow refuses to change devices). Calling it again with the same `n` is
+    a no-op.
+
+    Args:
+        n: number of logical CPU devices (>= 1).
+
+    Returns:
+        The logical CPU device names.
+
+    Example:
+        >>> split_cpu(4)        # doctest: +SKIP
+        ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+    """
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    want = [tf.config.LogicalDeviceConfiguration() for _ in range(int(n))]
+    try:
+        tf.config.set_logical_device_configuration(cpu, want)
+    except RuntimeError as e:
+        have = tf.config.list_logical_devices("CPU")
+        if len(have) != n:
+            raise RuntimeError(f"embedlab.plugin.split_cpu({n}): TensorFlow is already initialized with "
+                               f"{len(have)} logical CPU device(s); call split_cpu before any TensorFlow op "
+                               f"(e.g. first thing in the notebook's Setup cell) ({e})") from e
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+# --------------------------------------------------------------------------------------------
+# Per-key initial values
+# --------------------------------------------------------------------------------------------
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    # A counter-based hash (SplitMix64's finalizer): value of (seed, key, column) with no state,
+    # so any shard can compute its rows without the others.
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def initial_values(keys, dim: int, seed: int = 0, initializer="random") -> np.ndarray:
+    """The initial rows of `keys`: a function of (seed, key) only.
+
+    Args:
+        keys: int64 array of keys (>= 0).
+        dim: embedding width.
+        seed: the seed given to `init`.
+        initializer: "random" (uniform in [-0.05, 0.05), 24-bit resolution), a float (every
+            value), or a 2-D array whose row i is key i.
+
+    Returns:
+        float32 `[len(keys), dim]`.
+
+    Example:
+        >>> initial_values(np.array([0, 5]), 2, seed=0).shape
+        (2, 2)
+    """
+    keys = np.asarray(keys, dtype=np.int64)
+    if isinstance(initializer, str):
+        if initializer != "random":
+            raise ValueError(f"initializer must be 'random', a float or a 2-D array, got {initializer!r}")
+        out = np.empty((len(keys), dim), dtype=np.float32)
+        base = _splitmix64(np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(dim))
+        cols = np.arange(dim, dtype=np.uint64)
+        step = max(1, (1 << 22) // max(dim, 1))        # bounded temporaries for big tables
+        for s in range(0, len(keys), step):
+            k = keys[s:s + step].astype(np.uint64)[:, None]
+            with np.errstate(over="ignore"):
+                h = _splitmix64(base ^ (k * np.uint64(0x100000001B3) + cols[None, :]))
+            u = (h >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+            out[s:s + step] = (u * np.float32(2 * _INIT_SCALE) - np.float32(_INIT_SCALE))
+        return out
+    if isinstance(initializer, (int, float, np.floating, np.integer)) and not isinstance(initializer, bool):
+        return np.full((len(keys), dim), float(initializer), dtype=np.float32)
+    arr = np.asarray(initializer, dtype=np.float32)
+    return arr[keys]
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoint format
+# --------------------------------------------------------------------------------------------
+
+_MAGIC = b"EMBLABPL"
+_VERSION = 1
+# magic(8) | version u32 | header_len u32 | header JSON | payload (float32 LE [rows, dim], key order)
+# The header carries the payload's CRC32 and the header's own CRC32 closes the file's prefix.
+_PREFIX = struct.Struct("<8sII")
+
+
+class CheckpointError(ValueError):
+    """A plugin checkpoint is truncated, corrupt, or does not fit the layer."""
+
+
+def _atomic_write(path: Path, chunks):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                f.write(c)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# The layer
+# --------------------------------------------------------------------------------------------
+
+class EmbeddingLayer(keras.layers.Layer):
+    """HugeCTR-plugin-style sparse embedding: `[batch, slot_num, max_nnz]` keys -> `[batch, slot_num, vec]`.
+
+    Args:
+        vocabulary_size: number of keys; keys lie in [0, vocabulary_size) (or are -1).
+        embedding_vec_size: width of each row.
+        slot_num: number of slots (feature fields) per sample.
+        max_nnz: most keys per slot (the last dimension of dense input).
+        combiner: "sum" or "mean" over a slot's keys.
+        embedding_type: "distributed" (rows sharded by key % n) or "localized" (slots
+            assigned to devices, slot s -> device s % n).
+        optimizer: None (the model's optimizer trains the tables through IndexedSlices
+            gradients) or an `embedlab.optimizers` instance the layer applies itself.
+        initializer: "random", a float, or a 2-D array `[vocabulary_size, vec]` whose row i
+            is key i.
+        slot_size_array: per-slot key counts (localized mode: keys of slot s lie in its own
+            range; memory is their sum). Must sum to vocabulary_size. Optional.
+        devices, seed: override `init`'s devices / seed for this layer.
+        name: layer name (also names its variables and error messages).
+
+    Input: see the module docstring (dense, COO SparseTensor, or `(row_offsets, values)`).
+
+    Returns (when called):
+        float32 `[batch, slot_num, embedding_vec_size]`.
+
+    Example:
+        >>> emb = EmbeddingLayer(8, 4, slot_num=3, max_nnz=2, initializer=1.0)
+        >>> emb(tf.constant([[[0, 1], [-1, -1], [7, -1]]], tf.int64)).numpy()[0, :, 0].tolist()
+        [2.0, 0.0, 1.0]
+    """
+
+    def __init__(self, vocabulary_size: int, embedding_vec_size: int, slot_num: int, max_nnz: int,
+                 combiner: str = "sum", embedding_type: str = "distributed", optimizer=None,
+                 initializer="random", slot_size_array=None, devices=None, seed=None, name=None,
+                 **kwargs):
+        super().__init__(name=name, **kwargs)
+        lname = f"EmbeddingLayer {self.name!r}"
+        for arg, v in (("vocabulary_size", vocabulary_size), ("embedding_vec_size", embedding_vec_size),
+                       ("slot_num", slot_num), ("max_nnz", max_nnz)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{lname}: {arg} must be a positive int, got {v!r}")
+        if combiner not in _COMBINERS:
+            raise ValueError(f"{lname}: combiner must be 'sum' or 'mean', got {combiner!r}")
+        if embedding_type not in _TYPES:
+            raise ValueError(f"{lname}: embedding_type must be 'distributed' or 'localized', got {embedding_type!r}")
+        if optimizer is not None and not hasattr(optimizer, "_sparse_apply"):
+            raise ValueError(f"{lname}: optimizer must be None or an embedlab.optimizers instance "
+                             f"(SGD, Adagrad, Adam), got {type(optimizer).__name__}")
+        self.vocabulary_size = int(vocabulary_size)
+        self.embedding_vec_size = int(embedding_vec_size)
+        self.slot_num = int(slot_num)
+        self.max_nnz = int(max_nnz)
+        self.combiner = combiner
+        self.embedding_type = embedding_type
+        V, D, S = self.vocabulary_size, self.embedding_vec_size, self.slot_num
+
+        if slot_size_array is not None:
+            ssa = np.asarray(slot_size_array, dtype=np.int64)
+            if ssa.shape != (S,) or (ssa < 1).any() or int(ssa.sum()) != V:
+                raise ValueError(f"{lname}: slot_size_array must hold {S} positive sizes summing to "
+                                 f"vocabulary_size {V}, got {list(map(int, ssa))[:8]}"
+                                 f"{'...' if ssa.size > 8 else ''} (sum {int(ssa.sum())})")
+            self.slot_size_array = [int(x) for x in ssa]
+            self._slot_offsets = np.concatenate([[0], np.cumsum(ssa)[:-1]]).astype(np.int64)
+        else:
+            self.slot_size_array = None
+            self._slot_offsets = None
+
+        if isinstance(initializer, str):
+            if initializer != "random":
+                raise ValueError(f"{lname}: initializer must be 'random', a float or a 2-D array, got {initializer!r}")
+        elif not isinstance(initializer, (int, float, np.floating, np.integer)) or isinstance(initializer, bool):
+            arr = np.asarray(initializer, dtype=np.float32)
+            if arr.shape != (V, D):
+                raise ValueError(f"{lname}: initializer array must be [vocabulary_size, embedding_vec_size] = "
+                                 f"[{V}, {D}], got shape {list(arr.shape)}")
+            initializer = arr
+        self._initializer = initializer
+
+        cfg = current()
+        self.devices = tuple(_canonical(d) for d in devices) if devices is not None else cfg.devices
+        self.seed = int(cfg.seed if seed is None else seed)
+        n = len(self.devices)
+
+        # The plan: for each device, which global keys its table holds, in local-row order.
+        self._shard_keys = self._plan(n)
+        self.optimizer = optimizer
+        own = optimizer is not None
+        self._tables = []
+        for i, (dev, keys) in enumerate(zip(self.devices, self._shard_keys)):
+            values = initial_values(keys, D, self.seed, self._initializer)
+            with tf.device(dev):
+                w = self.add_weight(name=f"table_{i}", shape=(len(keys), D), dtype="float32",
+                                    initializer=lambda shape, dtype=None, v=values: tf.constant(v),
+                                    trainable=not own)
+            self._tables.append(w)
+        if own:
+            # HugeCTR's bp_trigger: a trainable scalar whose (zero) gradient runs the layer's update.
+            self.bp_trigger = self.add_weight(name="bp_trigger", shape=(), dtype="float32",
+                                              initializer="zeros", trainable=True)
+            self.optimizer.build(self._tables)
+        self._localized_full = embedding_type == "localized" and self.slot_size_array is None and n > 1
+        self.built = True
+
+    # ---- placement ------------------------------------------------------------------------
+
+    def _plan(self, n: int) -> list:
+        V, S = self.vocabulary_size, self.slot_num
+        if n == 1:
+            return [np.arange(V, dtype=np.int64)]
+        if self.embedding_type == "distributed":
+            return [np.arange(i, V, n, dtype=np.int64) for i in range(n)]
+        if self.slot_size_array is None:
+            return [np.arange(V, dtype=np.int64) for _ in range(n)]
+        plan = []
+        for j in range(n):
+            slots = [s for s in range(S) if s % n == j]
+            plan.append(np.concatenate([np.arange(self._slot_offsets[s], self._slot_offsets[s] + self.slot_size_array[s],
+                                                  dtype=np.int64) for s in slots]) if slots
+                        else np.zeros([0], np.int64))
+        return plan
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def tables(self) -> list:
+        """The per-device table variables (local rows; see the module docstring)."""
+        return list(self._tables)
+
+    # ---- input ----------------------------------------------------------------------------
+
+    def _where(self, arg: str) -> str:
+        return f"EmbeddingLayer {self.name!r}: argument {arg}"
+
+    def _keys(self, values, arg):
+        if not isinstance(values, (tf.Tensor, tf.Variable)) and not hasattr(values, "dtype"):
+            values = np.asarray(values)
+        dt = tf.as_dtype(values.dtype)
+        if dt not in (tf.int64, tf.int32):
+            raise ValueError(f"{self._where(arg)}: keys must be int64 (or int32), got dtype {dt.name}")
+        return tf.cast(values, tf.int64)
+
+    def _to_csr(self, inputs):
+        """(row_splits [B*S+1], keys [nnz], batch) from any accepted input form."""
+        S, M = self.slot_num, self.max_nnz
+        if isinstance(inputs, (tuple, list)) and not isinstance(inputs, tf.SparseTensor):
+            if len(inputs) != 2:
+                raise ValueError(f"{self._where('inputs')}: CSR input must be (row_offsets, values), "
+                                 f"got a {type(inputs).__name__} of {len(inputs)}")
+            offsets = self._keys(inputs[0], "row_offsets")
+            keys = self._keys(inputs[1], "values")
+            if offsets.shape.rank != 1 or keys.shape.rank != 1:
+                raise ValueError(f"{self._where('inputs')}: row_offsets and values must be 1-D, got shapes "
+                                 f"{offsets.shape} and {keys.shape}")
+            rows = tf.shape(offsets, out_type=tf.int64)[0] - 1
+            self._assert(tf.equal(rows % S, 0), "row_offsets",
+                         f"length - 1 must be batch * slot_num (slot_num {S})", rows)
+            self._assert(tf.logical_and(tf.equal(offsets[0], 0),
+                                        tf.equal(offsets[-1], tf.shape(keys, out_type=tf.int64)[0])),
+                         "row_offsets", "must start at 0 and end at len(values)", offsets[-1])
+            d = offsets[1:] - offsets[:-1]
+            self._assert(tf.reduce_all(d >= 0), "row_offsets", "must be non-decreasing", tf.reduce_min(d))
+            self._assert(tf.reduce_max(tf.concat([d, [0]], 0)) <= M, "row_offsets",
+                         f"rows must hold at most max_nnz={M} keys", tf.reduce_max(tf.concat([d, [0]], 0)))
+            return offsets, keys, rows // S
+        if isinstance(inputs, tf.SparseTensor):
+            keys = self._keys(inputs.values, "inputs.values")
+            shape = inputs.dense_shape
+            rank = inputs.shape.rank
+            if rank == 3:
+                self._assert(tf.logical_and(tf.equal(shape[1], S), shape[2] <= M), "inputs.dense_shape",
+                             f"must be [batch, {S}, <= {M}]", shape)
+                idx = inputs.indices
+                sp = tf.SparseTensor(tf.stack([idx[:, 0] * S + idx[:, 1], idx[:, 2]], 1), keys,
+                                     tf.stack([shape[0] * S, shape[2]]))
+            elif rank == 2:
+                self._assert(tf.logical_and(tf.equal(shape[0] % S, 0), shape[1] <= M), "inputs.dense_shape",
+                             f"must be [batch * {S}, <= {M}]", shape)
+                sp = tf.SparseTensor(inputs.indices, keys, shape)
+            else:
+                raise ValueError(f"{self._where('inputs')}: SparseTensor must have rank 2 "
+                                 f"[batch*slot_num, max_nnz] or 3 [batch, slot_num, max_nnz], got rank {rank}")
+            splits, flat, _ = ops.to_csr(sp, where=f"EmbeddingLayer {self.name!r}")
+            return splits, flat, sp.dense_shape[0] // S
+        if isinstance(inputs, tf.RaggedTensor):
+            raise ValueError(f"{self._where('inputs')}: pass dense [batch, slot_num, max_nnz] keys, a SparseTensor "
+                             "or (row_offsets, values); got a RaggedTensor")
+        keys = self._keys(inputs, "inputs")
+        if keys.shape.rank != 3:
+            raise ValueError(f"{self._where('inputs')}: dense keys must be [batch, slot_num={S}, max_nnz={M}], "
+                             f"got shape {keys.shape}")
+        if keys.shape[1] is not None and keys.shape[1] != S:
+            raise ValueError(f"{self._where('inputs')}: slot count {keys.shape[1]} != slot_num {S} "
+                             f"(shape {keys.shape})")
+        if keys.shape[2] is not None and keys.shape[2] > M:
+            raise ValueError(f"{self._where('inputs')}: {keys.shape[2]} keys per slot > max_nnz {M} "
+                             f"(shape {keys.shape})")
+        shp = tf.shape(keys, out_type=tf.int64)
+        batch, m = shp[0], shp[2]
+        splits = tf.range(batch * S + 1, dtype=tf.int64) * m
+        return splits, tf.reshape(keys, [-1]), batch
+
+    def _assert(self, cond, arg, what, value):
+        """Raise ValueError (eager) or InvalidArgumentError (graph) naming layer, argument and value."""
+        msg = f"{self._where(arg)} {what}; got"
+        if tf.executing_eagerly():
+            if not bool(cond):
+                v = value.numpy() if hasattr(value, "numpy") else value
+                raise ValueError(f"{msg} {np.asarray(v).tolist()}")
+            return
+        tf.debugging.Assert(cond, [msg, value], summarize=8)
+
+    def _check_keys(self, splits, keys):
+        """Keys must be -1 or in [0, V) (and in their slot's range with slot_size_array)."""
+        V, S = self.vocabulary_size, self.slot_num
+        bad = tf.logical_or(keys < -1, keys >= V)
+        if self.slot_size_array is not None:
+            slot = self._slots_of(splits, keys)
+            lo = tf.gather(tf.constant(self._slot_offsets), slot)
+            hi = lo + tf.gather(tf.constant(self.slot_size_array, tf.int64), slot)
+            bad = tf.logical_or(bad, tf.logical_and(keys >= 0, tf.logical_or(keys < lo, keys >= hi)))
+        if tf.executing_eagerly():
+            if bool(tf.reduce_any(bad)):
+                i = int(tf.where(bad)[0, 0])
+                k = int(keys[i])
+                if -1 <= k < V:
+                    s = int(self._slots_of(splits, keys)[i])
+                    lo_s = int(self._slot_offsets[s])
+                    raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is "
+                                     f"outside slot {s}'s range [{lo_s}, {lo_s + self.slot_size_array[s]}) "
+                                     "given by slot_size_array")
+                raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is outside "
+                                 f"[0, vocabulary_size={V}) and is not the padding -1")
+            return None
+        first = tf.gather(keys, tf.reshape(tf.where(bad), [-1])[:1])
+        return tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [f"{self._where('inputs')}: keys must be -1 or in [0, vocabulary_size={V})"
+             + (" and inside their slot's slot_size_array range" if self.slot_size_array else "")
+             + "; first bad key:", first])
+
+    def _slots_of(self, splits, keys):
+        rows = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
+        return rows % self.slot_num
+
+    # ---- forward --------------------------------------------------------------------------
+
+    def _local_keys(self, i: int, splits, keys):
+        """Shard i's local row for each key, -1 where shard i doesn't own the key."""
+        n = self.num_devices
+        valid = keys >= 0
+        if self.embedding_type == "distributed":
+            own = tf.logical_and(valid, tf.math.floormod(keys, n) == i)
+            local = tf.math.floordiv(keys, n)
+        else:
+            slot = self._slots_of(splits, keys)
+            own = tf.logical_and(valid, tf.math.floormod(slot, n) == i)
+            if self.slot_size_array is None:
+                local = keys
+            else:
+                # local row = (rows of this device's earlier slots) + (key - slot offset)
+                base = np.zeros(self.slot_num, np.int64)
+                for j in range(n):
+                    acc = 0
+                    for s in range(j, self.slot_num, n):
+                        base[s] = acc
+                        acc += self.slot_size_array[s]
+                local = keys - tf.gather(tf.constant(self._slot_offsets - base), slot)
+        return tf.where(own, local, tf.constant(-1, tf.int64))
+
+    def _lookup(self, splits, keys):
+        if self.num_devices == 1:
+            return ops.embedding_lookup(self._tables[0], tf.RaggedTensor.from_row_splits(keys, splits, validate=False),
+                                        self.combiner)
+        gathered = []
+        for i, dev in enumerate(self.devices):
+            with tf.device(dev):
+                local = self._local_keys(i, splits, keys)
+                # One key per row: the rows themselves (exact zeros where the shard doesn't own the key).
+                gathered.append(ops.embedding_lookup(self._tables[i], local[:, None], "sum"))
+        rows = tf.add_n(gathered)
+        pos = tf.where(keys >= 0, tf.range(tf.shape(keys, out_type=tf.int64)[0]), tf.constant(-1, tf.int64))
+        return ops.embedding_lookup(rows, tf.RaggedTensor.from_row_splits(pos, splits, validate=False), self.combiner)
+
+    def _lookup_own_optimizer(self, splits, keys):
+        tables = [t.value if isinstance(t, keras.Variable) else t for t in self._tables]
+        layer = self
+
+        @tf.custom_gradient
+        def fwd(trigger):
+            with tf.GradientTape(watch_accessed_variables=False) as inner:
+                for t in tables:
+                    inner.watch(t)
+                out = layer._lookup(splits, keys)
+
+            def grad(dy, variables=None):
+                grads = inner.gradient(out, tables, output_gradients=dy)
+                layer._apply_own(grads)
+                z = tf.zeros_like(trigger)
+                return (z, [None] * len(variables)) if variables else z
+
+            return out, grad
+
+        return fwd(self.bp_trigger.value)
+
+    def _apply_own(self, grads):
+        # One compiled sparse update per device (a fused op cannot take variables living on
+        # different devices), then one step of the optimizer's counter, as apply_gradients
+        # would do. The same path for any device count, so the bits do not depend on it.
+        # (Gradient clipping / loss scaling options of the optimizer are not applied here.)
+        opt = self.optimizer
+        lr = opt.learning_rate
+        for dev, g, v in zip(self.devices, grads, self._tables):
+            if g is None:
+                continue
+            with tf.device(dev):
+                opt._sparse_apply([g], [v], lr)
+        opt.iterations.assign_add(1)
+
+    def call(self, inputs):
+        splits, keys, batch = self._to_csr(inputs)
+        check = self._check_keys(splits, keys)
+        deps = [check] if check is not None else []
+        with tf.control_dependencies(deps):
+            keys = tf.identity(keys)
+        out = (self._lookup_own_optimizer(splits, keys) if self.optimizer is not None
+               else self._lookup(splits, keys))
+        return tf.reshape(out, tf.stack([batch, self.slot_num, self.embedding_vec_size]))
+
+    def compute_output_shape(self, input_shape):
+        b = input_shape[0] if isinstance(input_shape, (tuple, list)) and input_shape and \
+            not isinstance(input_shape[0], (tuple, list)) else None
+        return (b, self.slot_num, self.embedding_vec_size)
+
+    # ---- tables in key order ----------------------------------------------------------------
+
+    def get_table(self) -> np.ndarray:
+        """The whole table in key order, `[vocabulary_size, vec]` float32 (independent of devices).
+
+        Example:
+            >>> EmbeddingLayer(4, 2, 1, 1, initializer=0.5).get_table().tolist()
+            [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.5, 0.5]]
+        """
+        V, D = self.vocabulary_size, self.embedding_vec_size
+        if not self._localized_full:
+            out = np.empty((V, D), np.float32)
+            for keys, t in zip(self._shard_keys, self._tables):
+                if keys.size:
+                    out[keys] = t.numpy()
+            return out
+        # Full copies per device: the row of key k is the copy that moved from its initial value.
+        init = initial_values(np.arange(V), D, self.seed, self._initializer)
+        out = init.copy()
+        owner = np.full(V, -1, np.int64)
+        for j, t in enumerate(self._tables):
+            tv = t.numpy()
+            moved = np.any(tv.view(np.uint32) != init.view(np.uint32), axis=1)
+            both = np.flatnonzero(moved & (owner >= 0))
+            if both.size:
+                raise ValueError(f"EmbeddingLayer {self.name!r}: key {int(both[0])} was trained on devices "
+                                 f"{int(owner[both[0]])} and {j} (localized mode without slot_size_array "
+                                 "needs each key used by the slots of one device); pass slot_size_array")
+            out[moved] = tv[moved]
+            owner[moved] = j
+        return out
+
+    def set_table(self, values) -> None:
+        """Sets the whole table from a `[vocabulary_size, vec]` array in key order."""
+        arr = np.asarray(values, dtype=np.float32)
+        if arr.shape != (self.vocabulary_size, self.embedding_vec_size):
+            raise ValueError(f"EmbeddingLayer {self.name!r}: set_table needs shape "
+                             f"[{self.vocabulary_size}, {self.embedding_vec_size}], got {list(arr.shape)}")
+        parts = [arr[keys] for keys in self._shard_keys]     # all slices first, then assign
+        for t, p in zip(self._tables, parts):
+            t.assign(p)
+
+    # ---- save / restore ---------------------------------------------------------------------
+
+    def save(self, path) -> Path:
+        """Writes the table in key order to `path`, atomically (temp file + rename).
+
+        Format: b"EMBLABPL", u32 version, u32 header length, a JSON header (vocabulary_size,
+        embedding_vec_size, dtype, payload bytes and CRC32, and the header's own CRC32), then
+        the float32 little-endian rows. Device count and embedding_type are not part of the
+        file, so it restores into a layer sharded differently. Optimizer state is not saved.
+
+        Args:
+            path: file path (parents are created).
+
+        Returns:
+            The path written.
+
+        Example:
+            >>> emb.save("/tmp/emb.bin"); emb.restore("/tmp/emb.bin")     # doctest: +SKIP
+        """
+        path = Path(path)
+        table = np.ascontiguousarray(self.get_table(), dtype="<f4")
+        payload = table.tobytes()
+        header = {"format": "embedlab.plugin.EmbeddingLayer", "vocabulary_size": self.vocabulary_size,
+                  "embedding_vec_size": self.embedding_vec_size, "dtype": "float32", "order": "key",
+                  "payload_bytes": len(payload), "payload_crc32": zlib.crc32(payload),
+                  "layer": self.name}
+        hb = json.dumps(header, sort_keys=True).encode()
+        hcrc = struct.pack("<I", zlib.crc32(hb))
+        _atomic_write(path, [_PREFIX.pack(_MAGIC, _VERSION, len(hb)), hb, hcrc, payload])
+        return path
+
+    def restore(self, path) -> None:
+        """Loads a table written by `save` (any device count / embedding_type) into this layer.
+
+        Everything is checked before any variable changes: magic, version, header CRC, sizes,
+        payload length and CRC32. On any mismatch a `CheckpointError` (a ValueError) names the
+        file and the problem, and the layer is unchanged.
+
+        Args:
+            path: file written by `save`.
+        """
+        path = Path(path)
+
+        def fail(why):
+            raise CheckpointError(f"EmbeddingLayer {self.name!r}: cannot restore {path}: {why}")
+
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            fail(f"{e.strerror or e}")
+        if len(data) < _PREFIX.size:
+            fail(f"file is {len(data)} bytes, too short for the header (truncated?)")
+        magic, version, hlen = _PREFIX.unpack_from(data, 0)
+        if magic != _MAGIC:
+            fail(f"not an EmbedLab plugin checkpoint (magic {magic!r})")
+        if version != _VERSION:
+            fail(f"format version {version}, this EmbedLab reads version {_VERSION}")
+        h0 = _PREFIX.size
+        if len(data) < h0 + hlen + 4:
+            fail("truncated header")
+        hb = data[h0:h0 + hlen]
+        (hcrc,) = struct.unpack_from("<I", data, h0 + hlen)
+        if zlib.crc32(hb) != hcrc:
+            fail("header checksum mismatch (corrupt file)")
+        try:
+            header = json.loads(hb)
+        except ValueError:
+            fail("header is not valid JSON")
+        payload = memoryview(data)[h0 + hlen + 4:]
+        if len(payload) != header.get("payload_bytes"):
+            fail(f"payload is {len(payload)} bytes, header says {header.get('payload_bytes')} (truncated?)")
+        if zlib.crc32(payload) != header.get("payload_crc32"):
+            fail("payload checksum mismatch (corrupt file)")
+        V, D = header.get("vocabulary_size"), header.get("embedding_vec_size")
+        if (V, D) != (self.vocabulary_size, self.embedding_vec_size):
+            fail(f"file holds a [{V}, {D}] table, this layer is [{self.vocabulary_size}, {self.embedding_vec_size}]")
+        self.set_table(np.frombuffer(payload, dtype="<f4").reshape(V, D))
+
+    def get_config(self):
+        cfg = super().get_config()
+        cfg.update(vocabulary_size=self.vocabulary_size, embedding_vec_size=self.embedding_vec_size,
+                   slot_num=self.slot_num, max_nnz=self.max_nnz, combiner=self.combiner,
+                   embedding_type=self.embedding_type, slot_size_array=self.slot_size_array,
+                   seed=self.seed)
+        return cfg
