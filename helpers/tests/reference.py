@@ -1,0 +1,163 @@
+"""Oracles for EmbedLab's embedding ops, optimizers and plugin layer.
+
+* `tf_safe_lookup`: TensorFlow's own `tf.nn.safe_embedding_lookup_sparse`.
+* `np_lookup` / `np_lookup_grad`: pooled lookup and its gradient in NumPy float64.
+* `np_sgd`, `np_adagrad`, `np_lazy_adam`: sparse optimizer steps in NumPy float64 (Keras'
+  formulas; Adam lazy: only touched rows' moments move).
+* `random_ids`: random CSR ids with empty rows, duplicate keys and -1 padding, in all three
+  forms (ragged, sparse, dense).
+* `seeded_rng`: a fresh seed per test run, printed so that a failure can be replayed with
+  `EMBEDLAB_TEST_SEED=<seed>`.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def fresh_seed() -> int:
+    env = os.environ.get("EMBEDLAB_TEST_SEED")
+    return int(env) if env else secrets.randbelow(2**31)
+
+
+def seeded_rng(request=None):
+    """A NumPy Generator with a fresh seed; the seed is printed (pytest shows it on failure)."""
+    seed = fresh_seed()
+    name = getattr(getattr(request, "node", None), "nodeid", "")
+    print(f"[seed] EMBEDLAB_TEST_SEED={seed} {name}")
+    return np.random.default_rng(seed)
+
+
+@dataclass
+class Ids:
+    splits: np.ndarray        # [batch + 1] int64
+    keys: np.ndarray          # [nnz] int64, -1 allowed
+    weights: np.ndarray       # [nnz] float32
+    max_nnz: int
+
+    @property
+    def batch(self):
+        return len(self.splits) - 1
+
+    def ragged(self, tf, with_weights=False):
+        r = tf.RaggedTensor.from_row_splits(self.keys, self.splits)
+        w = tf.RaggedTensor.from_row_splits(self.weights, self.splits)
+        return (r, w) if with_weights else r
+
+    def coo(self):
+        rows = np.repeat(np.arange(self.batch, dtype=np.int64), np.diff(self.splits))
+        cols = np.concatenate([np.arange(n) for n in np.diff(self.splits)] + [np.zeros(0)]).astype(np.int64)
+        return np.stack([rows, cols], 1), self.keys, self.weights
+
+    def sparse(self, tf, with_weights=False, shuffle_rng=None):
+        idx, keys, w = self.coo()
+        if shuffle_rng is not None:          # unordered COO must work too
+            p = shuffle_rng.permutation(len(keys))
+            idx, keys, w = idx[p], keys[p], w[p]
+        shape = [self.batch, max(self.max_nnz, 1)]
+        s = tf.SparseTensor(idx.reshape(-1, 2), keys, shape)
+        return (s, tf.SparseTensor(idx.reshape(-1, 2), w, shape)) if with_weights else s
+
+    def dense(self, with_weights=False):
+        d = np.full((self.batch, max(self.max_nnz, 1)), -1, np.int64)
+        dw = np.zeros(d.shape, np.float32)
+        for b in range(self.batch):
+            a, e = self.splits[b], self.splits[b + 1]
+            d[b, :e - a] = self.keys[a:e]
+            dw[b, :e - a] = self.weights[a:e]
+        return (d, dw) if with_weights else d
+
+
+def random_ids(rng, batch: int, rows: int, max_nnz: int = 4, pad_prob: float = 0.1) -> Ids:
+    """Random ids with at least one empty row, duplicate keys, and some -1 keys."""
+    counts = rng.integers(0, max_nnz + 1, size=batch)
+    if batch:
+        counts[rng.integers(batch)] = 0                     # an empty row, always
+    if batch > 1 and max_nnz >= 2:
+        counts[rng.integers(batch)] = max_nnz               # a full row
+    nnz = int(counts.sum())
+    keys = rng.integers(0, rows, size=nnz, dtype=np.int64)
+    if nnz >= 2:
+        keys[1] = keys[0]                                   # a duplicate, always
+    keys[rng.random(nnz) < pad_prob] = -1                   # explicit "no key" entries
+    weights = rng.uniform(0.1, 2.0, size=nnz).astype(np.float32)
+    splits = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return Ids(splits, keys, weights, max_nnz)
+
+
+def np_lookup(table, splits, keys, weights=None, combiner="sum"):
+    """Pooled lookup in float64: -1 skipped; mean divides by the count (or the weight sum)."""
+    table = np.asarray(table, np.float64)
+    out = np.zeros((len(splits) - 1, table.shape[1]))
+    for b in range(len(splits) - 1):
+        den = 0.0
+        for j in range(splits[b], splits[b + 1]):
+            k = keys[j]
+            if k < 0:
+                continue
+            w = 1.0 if weights is None else float(weights[j])
+            out[b] += w * table[k]
+            den += w
+        if combiner == "mean" and den > 0:
+            out[b] /= den
+    return out
+
+
+def np_lookup_grad(dy, splits, keys, rows, weights=None, combiner="sum"):
+    """Dense gradient of sum(dy * np_lookup(table)) with respect to the table, float64."""
+    dy = np.asarray(dy, np.float64)
+    g = np.zeros((rows, dy.shape[1]))
+    for b in range(len(splits) - 1):
+        sl = range(splits[b], splits[b + 1])
+        ws = [(j, 1.0 if weights is None else float(weights[j])) for j in sl if keys[j] >= 0]
+        den = sum(w for _, w in ws) if combiner == "mean" else 1.0
+        for j, w in ws:
+            g[keys[j]] += dy[b] * (w / den if den else 0.0)
+    return g
+
+
+def tf_safe_lookup(tf, table, ids: Ids, combiner="sum", weighted=False):
+    """`tf.nn.safe_embedding_lookup_sparse` on the same ids (-1 entries dropped first)."""
+    idx, keys, w = ids.coo()
+    keep = keys >= 0
+    shape = [ids.batch, max(ids.max_nnz, 1)]
+    sp = tf.SparseTensor(idx[keep].reshape(-1, 2), keys[keep], shape)
+    spw = tf.SparseTensor(idx[keep].reshape(-1, 2), w[keep], shape) if weighted else None
+    return tf.nn.safe_embedding_lookup_sparse(table, sp, spw, combiner=combiner)
+
+
+def _coalesce(idx, g):
+    idx = np.asarray(idx, np.int64)
+    u, inv = np.unique(idx, return_inverse=True)
+    s = np.zeros((len(u), g.shape[1]))
+    np.add.at(s, inv, np.asarray(g, np.float64))
+    return u, s
+
+
+def np_sgd(w, idx, g, lr):
+    w = np.array(w, np.float64)
+    u, s = _coalesce(idx, g)
+    w[u] -= lr * s
+    return w
+
+
+def np_adagrad(w, acc, idx, g, lr, eps=1e-7):
+    w, acc = np.array(w, np.float64), np.array(acc, np.float64)
+    u, s = _coalesce(idx, g)
+    acc[u] += s * s
+    w[u] -= lr * s / np.sqrt(acc[u] + eps)
+    return w, acc
+
+
+def np_lazy_adam(w, m, v, idx, g, lr, step, b1=0.9, b2=0.999, eps=1e-7):
+    """One lazy Adam step (Keras' formula: lr_t = lr*sqrt(1-b2^t)/(1-b1^t), eps outside)."""
+    w, m, v = (np.array(x, np.float64) for x in (w, m, v))
+    u, s = _coalesce(idx, g)
+    m[u] = b1 * m[u] + (1 - b1) * s
+    v[u] = b2 * v[u] + (1 - b2) * s * s
+    lr_t = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
+    w[u] -= lr_t * m[u] / (np.sqrt(v[u]) + eps)
+    return w, m, v

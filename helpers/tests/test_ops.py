@@ -1,0 +1,314 @@
+"""embedlab.ops against TensorFlow's own ops and NumPy float64 oracles (tests/reference.py).
+
+Fresh random inputs every run; the seed is printed (shown on failure) and can be replayed
+with EMBEDLAB_TEST_SEED=<seed>.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import reference as ref  # noqa: E402
+from embedlab import ops  # noqa: E402
+from embedlab import optimizers as eopt  # noqa: E402
+
+HELPERS = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def rng(request):
+    return ref.seeded_rng(request)
+
+
+def _ids_arg(ids: ref.Ids, form, weighted, rng):
+    if form == "ragged":
+        return ids.ragged(tf, True) if weighted else (ids.ragged(tf), None)
+    if form == "sparse":
+        return ids.sparse(tf, True, shuffle_rng=rng) if weighted else (ids.sparse(tf, shuffle_rng=rng), None)
+    d, dw = ids.dense(True)
+    return (tf.constant(d), tf.constant(dw)) if weighted else (tf.constant(d), None)
+
+
+def _table(rng, rows, dim):
+    return rng.standard_normal((rows, dim)).astype(np.float32)
+
+
+# ---- forward ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["ragged", "sparse", "dense"])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_forward_matches_oracles(rng, form, combiner, weighted):
+    rows, dim = int(rng.integers(5, 40)), int(rng.integers(1, 9))
+    table = _table(rng, rows, dim)
+    ids = ref.random_ids(rng, int(rng.integers(2, 30)), rows, max_nnz=int(rng.integers(1, 5)))
+    x, w = _ids_arg(ids, form, weighted, rng)
+    out = ops.embedding_lookup(tf.Variable(table), x, combiner, weights=w).numpy()
+    want = ref.np_lookup(table, ids.splits, ids.keys, ids.weights if weighted else None, combiner)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    tfo = ref.tf_safe_lookup(tf, tf.constant(table), ids, combiner, weighted).numpy()
+    np.testing.assert_allclose(out, tfo, rtol=1e-5, atol=1e-5)
+    # Empty rows (and rows of only -1) give exact zeros.
+    empty = [b for b in range(ids.batch) if (ids.keys[ids.splits[b]:ids.splits[b + 1]] < 0).all()]
+    assert empty and not out[empty].any()
+
+
+def test_tensor_and_variable_tables_agree(rng):
+    table = _table(rng, 30, 5)
+    ids = ref.random_ids(rng, 20, 30)
+    a = ops.embedding_lookup(tf.constant(table), ids.ragged(tf)).numpy()
+    b = ops.embedding_lookup(tf.Variable(table), ids.ragged(tf)).numpy()
+    c = ops.embedding_lookup(keras.Variable(table), ids.ragged(tf)).numpy()
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+def test_fused_equals_single_lookups(rng):
+    tables = [_table(rng, int(rng.integers(3, 50)), int(rng.integers(1, 17))) for _ in range(4)]
+    idss = [ref.random_ids(rng, 12, t.shape[0]) for t in tables]
+    combiners = ["sum", "mean", "mean", "sum"]
+    fused = ops.fused_embedding_lookup([tf.Variable(t) for t in tables], [i.ragged(tf) for i in idss], combiners)
+    for t, i, c, o in zip(tables, idss, combiners, fused):
+        one = ops.embedding_lookup(tf.Variable(t), i.ragged(tf), c)
+        assert np.array_equal(o.numpy(), one.numpy())
+        np.testing.assert_allclose(o.numpy(), ref.np_lookup(t, i.splits, i.keys, None, c), rtol=1e-5, atol=1e-5)
+
+
+def test_forms_give_identical_bits(rng):
+    table = tf.Variable(_table(rng, 25, 6))
+    ids = ref.random_ids(rng, 17, 25)
+    a = ops.embedding_lookup(table, ids.ragged(tf), "mean").numpy()
+    # Canonical (row-major) COO order: the same keys in the same order, so the same bits.
+    b = ops.embedding_lookup(table, ids.sparse(tf), "mean").numpy()
+    c = ops.embedding_lookup(table, tf.constant(ids.dense()), "mean").numpy()
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+def test_to_csr_sorts_unordered_coo(rng):
+    ids = ref.random_ids(rng, 9, 100)
+    splits, keys, w = ops.to_csr(*ids.sparse(tf, True))
+    assert splits.numpy().tolist() == ids.splits.tolist()
+    assert keys.numpy().tolist() == ids.keys.tolist()
+    assert np.array_equal(w.numpy(), ids.weights)
+    # Shuffled COO: same rows, and each row keeps its (key, weight) pairs.
+    splits, keys, w = ops.to_csr(*ids.sparse(tf, True, shuffle_rng=rng))
+    assert splits.numpy().tolist() == ids.splits.tolist()
+    k, ww = keys.numpy(), w.numpy()
+    for b in range(ids.batch):
+        sl = slice(ids.splits[b], ids.splits[b + 1])
+        assert sorted(zip(k[sl], ww[sl])) == sorted(zip(ids.keys[sl], ids.weights[sl]))
+
+
+def test_all_rows_empty_and_zero_batch():
+    table = tf.Variable(tf.ones([4, 3]))
+    out = ops.embedding_lookup(table, tf.constant([[-1, -1], [-1, -1]], tf.int64))
+    assert out.shape == (2, 3) and not out.numpy().any()
+    out0 = ops.embedding_lookup(table, tf.zeros([0, 2], tf.int64))
+    assert out0.shape == (0, 3)
+
+
+# ---- gradients -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gradient_indexed_slices_match_oracle(rng, combiner, weighted):
+    rows, dim = 20, 4
+    table = tf.Variable(_table(rng, rows, dim))
+    ids = ref.random_ids(rng, 15, rows)
+    x, w = ids.ragged(tf, True) if weighted else (ids.ragged(tf), None)
+    dy = rng.standard_normal((ids.batch, dim)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        y = ops.embedding_lookup(table, x, combiner, weights=w)
+        loss = tf.reduce_sum(y * dy)
+    g = tape.gradient(loss, table)
+    assert isinstance(g, tf.IndexedSlices)
+    idx = g.indices.numpy()
+    touched = np.unique(ids.keys[ids.keys >= 0])
+    assert idx.tolist() == touched.tolist()                 # unique, ascending, duplicates summed
+    want = ref.np_lookup_grad(dy, ids.splits, ids.keys, rows, ids.weights if weighted else None, combiner)
+    np.testing.assert_allclose(g.values.numpy(), want[idx], rtol=1e-5, atol=1e-5)
+    # Native TensorFlow agrees (its gradient, made dense).
+    with tf.GradientTape() as tape:
+        t2 = tf.Variable(table.numpy())
+        loss2 = tf.reduce_sum(ref.tf_safe_lookup(tf, t2, ids, combiner, weighted) * dy)
+    np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
+                               tf.convert_to_tensor(tape.gradient(loss2, t2)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["ragged", "sparse", "dense"])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_compute_gradient(rng, form, combiner):
+    # Small plain-tensor table: theoretical (IndexedSlices, made dense) vs numerical Jacobian.
+    table = tf.constant(rng.standard_normal((6, 3)), tf.float64)
+    ids = ref.random_ids(rng, 5, 6, max_nnz=3)
+    x, w = _ids_arg(ids, form, True, rng)
+
+    def f(t):
+        return ops.embedding_lookup(tf.cast(t, tf.float32), x, combiner, weights=w)
+
+    theo, num = tf.test.compute_gradient(f, [table], delta=1e-2)
+    np.testing.assert_allclose(theo[0], num[0], rtol=1e-2, atol=1e-2)
+
+
+def test_gradient_is_deterministic(rng):
+    table = tf.Variable(_table(rng, 1000, 16))
+    ids = ref.random_ids(rng, 2000, 1000, max_nnz=6)
+    dy = tf.constant(rng.standard_normal((ids.batch, 16)).astype(np.float32))
+    res = []
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ops.embedding_lookup(table, ids.ragged(tf), "mean") * dy)
+        res.append(tape.gradient(loss, table).values.numpy())
+    assert all(np.array_equal(res[0], r) for r in res[1:])
+
+
+# ---- graph mode, Keras, SavedModel -----------------------------------------------------------
+
+def test_tf_function_varying_batch(rng):
+    table = tf.Variable(_table(rng, 40, 5))
+
+    @tf.function(reduce_retracing=True)
+    def f(ids):
+        with tf.GradientTape() as tape:
+            y = ops.embedding_lookup(table, ids, "mean")
+            loss = tf.reduce_sum(y)
+        return y, tape.gradient(loss, table)
+
+    for batch in (3, 11, 1, 29):
+        ids = ref.random_ids(rng, batch, 40)
+        y, g = f(tf.constant(ids.dense()))
+        np.testing.assert_allclose(y.numpy(), ref.np_lookup(table.numpy(), ids.splits, ids.keys, None, "mean"),
+                                   rtol=1e-5, atol=1e-5)
+        assert isinstance(g, tf.IndexedSlices)
+    for batch in (4, 9):                                     # ragged input in a tf.function
+        ids = ref.random_ids(rng, batch, 40)
+        y, _ = f(ids.ragged(tf))
+        assert y.shape == (batch, 5)
+
+
+class _Pooled(keras.layers.Layer):
+    def __init__(self, rows, dim, **kw):
+        super().__init__(**kw)
+        self.table = self.add_weight(shape=(rows, dim), initializer="random_normal", name="table")
+
+    def call(self, ids):
+        return ops.embedding_lookup(self.table, ids, "mean")
+
+
+def test_model_fit_trains_only_touched_rows(rng):
+    rows, dim, n = 50, 4, 256
+    keys = rng.integers(0, 30, (n, 3)).astype(np.int64)      # rows 30..49 are never used
+    keys[rng.random(keys.shape) < 0.2] = -1
+    y = (keys.max(axis=1) % 2).astype(np.float32)
+    inp = keras.Input(shape=(3,), dtype="int64")
+    h = _Pooled(rows, dim)(inp)
+    out = keras.layers.Dense(1, activation="sigmoid")(h)
+    model = keras.Model(inp, out)
+    model.compile(optimizer=eopt.Adagrad(0.5), loss="binary_crossentropy")
+    before = model.layers[1].table.numpy().copy()
+    hist = model.fit(keys, y, batch_size=32, epochs=4, verbose=0)
+    after = model.layers[1].table.numpy()
+    assert hist.history["loss"][-1] < hist.history["loss"][0]
+    assert np.array_equal(before[30:], after[30:])
+    assert not np.array_equal(before[:30], after[:30])
+
+
+def test_saved_model_round_trip_in_subprocess(rng, tmp_path):
+    table = _table(rng, 20, 3)
+    ids = ref.random_ids(rng, 6, 20)
+
+    class M(tf.Module):
+        def __init__(self):
+            self.table = tf.Variable(table)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64)])
+        def __call__(self, ids):
+            return ops.embedding_lookup(self.table, ids, "sum")
+
+    m = M()
+    want = m(tf.constant(ids.dense())).numpy()
+    tf.saved_model.save(m, str(tmp_path / "sm"))
+    np.save(tmp_path / "ids.npy", ids.dense())
+    np.save(tmp_path / "want.npy", want)
+    code = textwrap.dedent(f"""
+        import numpy as np, tensorflow as tf
+        import embedlab.ops  # registers the op library, so the SavedModel loads
+        m = tf.saved_model.load({str(tmp_path / 'sm')!r})
+        got = m(tf.constant(np.load({str(tmp_path / 'ids.npy')!r}))).numpy()
+        assert np.array_equal(got, np.load({str(tmp_path / 'want.npy')!r})), (got,)
+        print("OK")
+    """)
+    env = dict(os.environ, PYTHONPATH=str(HELPERS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               TF_CPP_MIN_LOG_LEVEL="2")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+def _unchanged(var, before):
+    assert np.array_equal(var.numpy(), before)
+
+
+@pytest.mark.parametrize("form", ["ragged", "sparse", "dense"])
+@pytest.mark.parametrize("bad", [10, 12345, -2, -7])
+def test_bad_keys_raise_and_change_nothing(rng, form, bad):
+    table = tf.Variable(_table(rng, 10, 3))
+    before = table.numpy().copy()
+    ids = ref.random_ids(rng, 5, 10, pad_prob=0.0)
+    ids.keys[len(ids.keys) // 2] = bad
+    x, _ = _ids_arg(ids, form, False, rng)
+    opt = eopt.SGD(0.1)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)) as e:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ops.embedding_lookup(table, x))
+        opt.apply_gradients([(tape.gradient(loss, table), table)])
+    msg = str(e.value)
+    assert "EmbedLab" in msg and str(bad) in msg, msg
+    _unchanged(table, before)
+
+
+def test_bad_key_in_graph_mode(rng):
+    table = tf.Variable(_table(rng, 10, 3))
+    f = tf.function(lambda ids: ops.embedding_lookup(table, ids))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="10"):
+        f(tf.constant([[1, 10]], tf.int64))
+
+
+def test_ragged_weights_with_other_splits():
+    table = tf.Variable(tf.ones([5, 2]))
+    ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
+    w = tf.ragged.constant([[1.0], [2.0, 3.0]], dtype=tf.float32)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="row_splits"):
+        ops.embedding_lookup(table, ids, weights=w)
+
+
+def test_weights_shaped_unlike_ids():
+    table = tf.Variable(tf.ones([5, 2]))
+    with pytest.raises(ValueError, match="weights"):
+        ops.embedding_lookup(table, tf.constant([[1, 2]], tf.int64), weights=tf.ones([1, 3]))
+    with pytest.raises(ValueError, match="weights"):
+        ops.embedding_lookup(table, tf.ragged.constant([[1, 2]], dtype=tf.int64), weights=tf.ones([1, 2]))
+    sp = tf.SparseTensor([[0, 0], [0, 1]], tf.constant([1, 2], tf.int64), [1, 2])
+    spw = tf.SparseTensor([[0, 0], [0, 2]], [1.0, 1.0], [1, 3])
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="weights"):
+        ops.embedding_lookup(table, sp, weights=spw)
+
+
+def test_float_ids_and_float64_table():
+    with pytest.raises(ValueError, match="int64.*float32|float32"):
+        ops.embedding_lookup(tf.Variable(tf.ones([5, 2])), tf.constant([[1.0, 2.0]]))
+    with pytest.raises(ValueError, match="float32.*float64|float64"):
+        ops.embedding_lookup(tf.Variable(tf.ones([5, 2], tf.float64)), tf.constant([[1, 2]], tf.int64))
+    with pytest.raises(ValueError, match="float64"):
+        ops.embedding_lookup(tf.ones([5, 2], tf.float64), tf.constant([[1, 2]], tf.int64))
+    with pytest.raises(ValueError, match="combiner"):
+        ops.embedding_lookup(tf.ones([5, 2]), tf.constant([[1, 2]], tf.int64), combiner="max")
