@@ -218,83 +218,110 @@ class ParquetLoader(_Base):
         return feats, tf.TensorSpec([None, 1], tf.float32)
 
     # ---------------------------------------------------------------- reading
-    def _read_group(self, f, i):
+    def _layout(self):
+        """Fixed-width output arrays: name -> (per-row shape, dtype, source columns)."""
+        lay = {self.label: ((), np.float32, [self.label])}
+        if self.dense_key and self.dense:
+            lay[self.dense_key] = ((len(self.dense),), np.float32, self.dense)
+        else:
+            lay.update({c: ((), np.float32, [c]) for c in self.dense})
+        if self.sparse_key and self.sparse:
+            lay[self.sparse_key] = ((len(self.sparse),), np.int64, self.sparse)
+        else:
+            lay.update({c: ((), np.int64, [c]) for c in self.sparse})
+        return lay
+
+    def _read_group(self, f, i, lay, buf, at):
+        """Decode one row group; fixed columns are copied straight into `buf` rows [at, ...).
+
+        Returns the ragged columns (as `_Ragged`), which are kept as separate chunks.
+        """
         import pyarrow as pa
         import pyarrow.parquet as pq
         try:
             t = pq.ParquetFile(f).read_row_group(i, columns=self.columns, use_threads=True)
         except (pa.ArrowException, OSError) as e:
             raise FormatError(f"ParquetLoader: cannot read {f} row group {i}: {e}") from e
-        out = {}
-        for c in self.columns:
+        m = t.num_rows
+        if at + m > len(buf[self.label]):
+            raise RuntimeError("ParquetLoader: row group larger than the buffer (bug)")
+
+        def column(c):
             a = t.column(c).combine_chunks()
             if a.null_count:
                 raise ValueError(f"ParquetLoader: {f} row group {i} column {c} has "
                                  f"{a.null_count} nulls; fill missing values in ETL")
-            if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
-                out[c] = _Ragged(np.asarray(a.offsets, np.int64),
-                                 np.asarray(a.values).astype(np.int64, copy=False))
-            elif c == self.label or c in self.dense:
-                out[c] = a.to_numpy().astype(np.float32, copy=False)
+            return a
+
+        for name, (shape, _, srcs) in lay.items():
+            dst = buf[name][at:at + m]
+            if shape:
+                for j, c in enumerate(srcs):
+                    dst[:, j] = column(c).to_numpy()
             else:
-                out[c] = a.to_numpy().astype(np.int64, copy=False)
-        # Stack dense (and optionally sparse) columns once per row group, so that shuffling
-        # and batching gather one 2-D array instead of a dozen 1-D ones.
-        if self.dense_key and self.dense:
-            out[self.dense_key] = np.stack([out.pop(c) for c in self.dense], axis=1)
-        if self.sparse_key and self.sparse:
-            out[self.sparse_key] = np.stack([out.pop(c) for c in self.sparse], axis=1)
-        return out
-
-    @staticmethod
-    def _concat(parts):
-        keys = parts[0].keys()
-        if len(parts) == 1:
-            return dict(parts[0])
-        return {k: (_Ragged.concat([p[k] for p in parts]) if isinstance(parts[0][k], _Ragged)
-                    else np.concatenate([p[k] for p in parts])) for k in keys}
-
-    @staticmethod
-    def _take(cols, idx):
-        return {k: (v.take(idx) if isinstance(v, _Ragged) else v[idx]) for k, v in cols.items()}
-
-    @staticmethod
-    def _slice(cols, a, b):
-        return {k: (v.slice(a, b) if isinstance(v, _Ragged) else v[a:b]) for k, v in cols.items()}
+                dst[:] = column(srcs[0]).to_numpy()
+        ragged = {}
+        for c in self.ragged:
+            a = column(c)
+            ragged[c] = _Ragged(np.asarray(a.offsets, np.int64),
+                                np.asarray(a.values).astype(np.int64, copy=False))
+        return m, ragged
 
     def _batches(self, epoch: int):
-        """Numpy batches of one epoch (runs on the background thread)."""
+        """Batches of one epoch as dicts of NumPy views (runs on the background thread).
+
+        Two preallocated buffers are reused for the whole epoch: `buf` receives decoded row
+        groups, `out` receives the permuted rows, and batches are slices of `out`. Reusing them
+        avoids fresh allocations (and their page faults), which cost more than the copies.
+        A batch's views are only valid until the next batch is requested; `_finish` copies
+        them into tensors right away.
+        """
         rng = np.random.default_rng([self.seed, epoch])
         order = np.arange(len(self.row_groups))
         if self.shuffle:
             order = rng.permutation(order)
         B = self._batch_size
-        parts, rows = [], 0
+        lay = self._layout()
+        cap = self.buffer_rows + self.row_group_rows
+        buf = {k: np.empty((cap,) + sh, dt) for k, (sh, dt, _) in lay.items()}
+        out = {k: np.empty_like(v) for k, v in buf.items()} if self.shuffle else buf
+        rparts: dict = {c: [] for c in self.ragged}
+        rows = 0
 
         def drain(final):
-            nonlocal parts, rows
-            cols = self._concat(parts)
+            nonlocal rows, rparts
             n = rows
+            rag = {c: _Ragged.concat(p) for c, p in rparts.items()} if self.ragged else {}
             if self.shuffle:
-                cols = self._take(cols, rng.permutation(n))
+                perm = rng.permutation(n)
+                for k in buf:
+                    np.take(buf[k][:n], perm, axis=0, out=out[k][:n])
+                rag = {c: r.take(perm) for c, r in rag.items()}
             k = n // B
             for j in range(k):
-                yield self._slice(cols, j * B, (j + 1) * B)
+                batch = {name: a[j * B:(j + 1) * B] for name, a in out.items()}
+                batch.update({c: r.slice(j * B, (j + 1) * B) for c, r in rag.items()})
+                yield batch
             rest = n - k * B
             if rest and final:
                 if not self.drop_remainder:
-                    yield self._slice(cols, k * B, n)
-                parts, rows = [], 0
-            elif rest:
-                # The leftover rows (already shuffled) wait for the next row groups.
-                parts, rows = [self._slice(cols, k * B, n)], rest
-            else:
-                parts, rows = [], 0
+                    batch = {name: a[k * B:n] for name, a in out.items()}
+                    batch.update({c: r.slice(k * B, n) for c, r in rag.items()})
+                    yield batch
+                rest = 0
+            # Leftover rows (already shuffled) move to the front and mix with the next groups.
+            for name in buf:
+                if rest:
+                    buf[name][:rest] = out[name][k * B:n]
+            rparts = {c: ([r.slice(k * B, n)] if rest else []) for c, r in rag.items()}
+            rows = rest
 
         for g in order:
             f, i, _ = self.row_groups[g]
-            parts.append(self._read_group(f, i))
-            rows += self.row_groups[g][2]
+            m, rag = self._read_group(f, i, lay, buf, rows)
+            for c, r in rag.items():
+                rparts[c].append(r)
+            rows += m
             if rows >= self.buffer_rows:
                 yield from drain(False)
         if rows:
@@ -304,8 +331,9 @@ class ParquetLoader(_Base):
         label = cols[self.label].reshape(-1, 1)
         feats = {k: v for k, v in cols.items() if k != self.label}
         if self.output == "numpy":
-            return ({k: ((v.splits, v.values) if isinstance(v, _Ragged) else v)
-                     for k, v in feats.items()}, label)
+            # Copies: the batch views point into buffers that the next batch reuses.
+            return ({k: ((v.splits.copy(), v.values.copy()) if isinstance(v, _Ragged)
+                         else v.copy()) for k, v in feats.items()}, label.copy())
         import tensorflow as tf
         out = {}
         for k, v in feats.items():

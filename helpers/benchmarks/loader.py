@@ -1,0 +1,216 @@
+"""Benchmark: ParquetLoader vs TensorFlow's own input pipelines, Criteo schema, one run.
+
+Measures, on the same generated data and in the same process:
+
+1. ETL: `criteo.generate` and `criteo.preprocess` (TSV -> parquet) rows/s;
+2. `ParquetLoader`: parquet on disk -> shuffled batches of TF tensors, rows/s;
+3. TensorFlow item-by-item: `tf.data.Dataset.from_tensor_slices(columns)` (per-row elements,
+   columns already in memory), `.batch()`, `.prefetch()` - with and without a per-row shuffle;
+4. TensorFlow over TFRecord: `TFRecordDataset -> batch -> map(parse_example) -> prefetch`;
+5. peak resident memory of a loader epoch (fresh subprocesses) on a dataset 2x and 8x the
+   shuffle buffer, against the loader's stated bound.
+
+Prints a table and writes JSON (default `helpers/benchmarks/results/loader.json`).
+
+    PYTHONPATH=helpers .venv/bin/python helpers/benchmarks/loader.py            # 2M rows
+    PYTHONPATH=helpers .venv/bin/python helpers/benchmarks/loader.py --rows 400000 --quick
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from embedlab import config  # noqa: E402
+from embedlab.data import ParquetLoader, criteo, formats  # noqa: E402
+
+BYTES_PER_ROW = 4 + 13 * 4 + 28 * 8   # label + I1..I13 float32 + C1..C26 + 2 crosses int64
+
+
+def _time_epochs(make_iter, repeats):
+    """rows/s of full passes (median of `repeats`), the first pass counted like the others."""
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rows = 0
+        for _, y in make_iter():
+            rows += int(y.shape[0])
+        rates.append(rows / (time.perf_counter() - t0))
+    return statistics.median(rates), rows
+
+
+def _memory_child(path, batch, buffer_rows):
+    """Run one loader epoch in a fresh interpreter; return its RSS numbers in MiB."""
+    code = f"""
+import os, resource, sys, json
+sys.path.insert(0, {str(HERE.parent)!r})
+import psutil, tensorflow as tf
+from embedlab.data import ParquetLoader
+proc = psutil.Process()
+tf.constant(1.0)
+base = proc.memory_info().rss
+ld = ParquetLoader({str(path)!r}, {batch}, buffer_rows={buffer_rows}, seed=0)
+peak_sampled = 0
+rows = 0
+for x, y in ld:
+    rows += int(y.shape[0])
+    peak_sampled = max(peak_sampled, proc.memory_info().rss)
+maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps(dict(rows=rows, base=base / 2**20, peak=maxrss / 2**20,
+                      sampled=peak_sampled / 2**20)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of generated Criteo data")
+    ap.add_argument("--batch-size", type=int, default=65_536)
+    ap.add_argument("--buffer-rows", type=int, default=262_144)
+    ap.add_argument("--baseline-rows", type=int, default=500_000,
+                    help="rows fed to the (slower) TensorFlow baselines")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--data-dir", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "loader.json")
+    ap.add_argument("--quick", action="store_true", help="skip the memory subprocesses")
+    args = ap.parse_args(argv)
+
+    import psutil
+    import tensorflow as tf
+
+    root = args.data_dir or config.data_path("bench_loader", "x").parent
+    root.mkdir(parents=True, exist_ok=True)
+    B, N = args.batch_size, args.rows
+    res = {"machine": {"cpu": platform.processor() or platform.machine(),
+                       "cores": os.cpu_count(), "memory_gib": round(
+                           psutil.virtual_memory().total / 2**30, 1),
+                       "python": platform.python_version(), "tensorflow": tf.__version__,
+                       "numpy": np.__version__},
+           "rows": N, "batch_size": B, "buffer_rows": args.buffer_rows}
+
+    # 1. ETL ---------------------------------------------------------------------------
+    tsv = root / f"criteo_{N}.txt"
+    t0 = time.perf_counter()
+    criteo.generate(tsv, rows=N, seed=12345, progress=False)
+    res["generate_rows_per_s"] = N / (time.perf_counter() - t0)
+    pq_dir = root / f"parquet_{N}"
+    etl = criteo.preprocess(tsv, pq_dir, split=None, rows_per_file=max(N // 8, 1),
+                            row_group_rows=65_536, progress=False)
+    res["etl_rows_per_s"] = etl.rows_per_second
+    res["tsv_bytes"] = tsv.stat().st_size
+    files = etl.files["train"]
+    print(f"generate: {res['generate_rows_per_s']:,.0f} rows/s; preprocess (2 passes, TSV -> "
+          f"parquet): {etl.rows_per_second:,.0f} rows/s; {len(files)} parquet files")
+
+    # 2. ParquetLoader -----------------------------------------------------------------
+    loader = ParquetLoader(pq_dir / "train", B, buffer_rows=args.buffer_rows, seed=0)
+    rate, rows = _time_epochs(lambda: iter(loader), args.repeats)
+    res["loader_rows_per_s"] = rate
+    assert rows == N, (rows, N)
+    loader_ns = ParquetLoader(pq_dir / "train", B, buffer_rows=args.buffer_rows, shuffle=False)
+    res["loader_noshuffle_rows_per_s"], _ = _time_epochs(lambda: iter(loader_ns), args.repeats)
+    ds_wrapped = loader.to_tf_dataset()
+    res["loader_tfdata_rows_per_s"], _ = _time_epochs(lambda: iter(ds_wrapped), args.repeats)
+
+    # 3. TensorFlow item-by-item (columns already in memory: the most favourable case) ---
+    M = min(args.baseline_rows, N)
+    data = formats.read_parquet(files)
+    cols = {k: v[:M] for k, v in data.items()}
+    del data
+    dense = np.stack([cols.pop(c) for c in criteo.INT_COLUMNS], axis=1)
+    label = cols.pop(criteo.LABEL).reshape(-1, 1)
+    feats = dict(cols, dense=dense)
+    items = tf.data.Dataset.from_tensor_slices((feats, label))
+    ds_items = items.batch(B).prefetch(tf.data.AUTOTUNE)
+    ds_items_shuf = items.shuffle(args.buffer_rows, seed=0).batch(B).prefetch(tf.data.AUTOTUNE)
+    res["items_rows_per_s"], _ = _time_epochs(lambda: iter(ds_items), args.repeats)
+    res["items_shuffle_rows_per_s"], _ = _time_epochs(lambda: iter(ds_items_shuf), args.repeats)
+
+    # 4. TFRecord + parse_example ------------------------------------------------------
+    tfr = root / f"criteo_{M}.tfrecord"
+    if not tfr.exists():
+        t0 = time.perf_counter()
+        formats.write_tfrecord(tfr, dict(label=label[:, 0], **{c: dense[:, j] for j, c in
+                                                              enumerate(criteo.INT_COLUMNS)},
+                                         **cols))
+        res["tfrecord_write_rows_per_s"] = M / (time.perf_counter() - t0)
+    columns = ([(criteo.LABEL, "float")] + [(c, "float") for c in criteo.INT_COLUMNS]
+               + [(c, "int") for c in etl.columns])
+    ds_tfr = formats.tfrecord_dataset(tfr, B, columns=columns)
+    ds_tfr_shuf = formats.tfrecord_dataset(tfr, B, columns=columns,
+                                           shuffle_buffer=args.buffer_rows, seed=0)
+    res["tfrecord_rows_per_s"], _ = _time_epochs(lambda: iter(ds_tfr), args.repeats)
+    res["tfrecord_shuffle_rows_per_s"], _ = _time_epochs(lambda: iter(ds_tfr_shuf), args.repeats)
+    res["baseline_rows"] = M
+
+    # 5. Memory ------------------------------------------------------------------------
+    rg = 65_536
+    res["memory_bound_mib"] = ((args.buffer_rows + rg + 4 * B) * BYTES_PER_ROW * 2) / 2**20
+    if not args.quick:
+        small = sorted((pq_dir / "train").glob("*.parquet"))[:2]
+        small_dir = root / f"parquet_{N}_first2"
+        small_dir.mkdir(exist_ok=True)
+        for f in small:
+            link = small_dir / f.name
+            if not link.exists():
+                link.symlink_to(f)
+        mem = {}
+        for name, path in (("small", small_dir), ("full", pq_dir / "train")):
+            mem[name] = _memory_child(path, B, args.buffer_rows)
+            mem[name]["rows_over_buffer"] = mem[name]["rows"] / args.buffer_rows
+        res["memory"] = mem
+
+    # Table ------------------------------------------------------------------------------
+    L = res["loader_rows_per_s"]
+    rows_t = [
+        ("ParquetLoader (shuffled, TF tensors)", L),
+        ("ParquetLoader, no shuffle", res["loader_noshuffle_rows_per_s"]),
+        ("ParquetLoader via to_tf_dataset()", res["loader_tfdata_rows_per_s"]),
+        ("tf.data item-by-item (from_tensor_slices -> batch)", res["items_rows_per_s"]),
+        ("tf.data item-by-item + shuffle", res["items_shuffle_rows_per_s"]),
+        ("tf.data TFRecord -> batch -> parse_example", res["tfrecord_rows_per_s"]),
+        ("tf.data TFRecord + shuffle", res["tfrecord_shuffle_rows_per_s"]),
+    ]
+    print(f"\nCriteo schema (label, 13 dense, 28 categorical), batch {B:,}, "
+          f"{os.cpu_count()} cores, {N:,} rows (baselines {M:,})")
+    print(f"{'pipeline':55s} {'rows/s':>12s} {'loader is':>10s}")
+    for name, r in rows_t:
+        print(f"{name:55s} {r:12,.0f} {L / r:9.1f}x")
+    res["ratio_vs_items"] = L / res["items_rows_per_s"]
+    res["ratio_vs_items_shuffle"] = L / res["items_shuffle_rows_per_s"]
+    res["ratio_vs_tfrecord"] = L / res["tfrecord_rows_per_s"]
+    res["ratio_vs_tfrecord_shuffle"] = L / res["tfrecord_shuffle_rows_per_s"]
+    if "memory" in res:
+        print(f"\nPeak RSS of one loader epoch (fresh process; TF imported before 'base'), "
+              f"stated loader bound {res['memory_bound_mib']:.0f} MiB:")
+        for name, m in res["memory"].items():
+            print(f"  {m['rows']:>10,} rows ({m['rows_over_buffer']:.1f}x buffer): base "
+                  f"{m['base']:.0f} MiB, peak {m['peak']:.0f} MiB, loader "
+                  f"{m['peak'] - m['base']:.0f} MiB")
+    goals = {"10x item-by-item": res["ratio_vs_items"] >= 10,
+             "2x TFRecord": res["ratio_vs_tfrecord"] >= 2, ">=1M rows/s": L >= 1e6}
+    res["goals"] = goals
+    print("\ngoals:", ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals.items()))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {args.out}")
+    return res
+
+
+if __name__ == "__main__":
+    main()
