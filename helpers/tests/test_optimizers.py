@@ -1,0 +1,188 @@
+"""embedlab.optimizers against Keras' own optimizers and NumPy float64 references.
+
+SGD and Adagrad must give the same bits as Keras on IndexedSlices gradients; Adam equals
+Keras on rows touched every step and follows the lazy reference elsewhere.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import reference as ref  # noqa: E402
+from embedlab import ops  # noqa: E402
+from embedlab import optimizers as eopt  # noqa: E402
+
+
+@pytest.fixture
+def rng(request):
+    return ref.seeded_rng(request)
+
+
+def _unique_grad(rng, rows, dim, frac=0.5, always=()):
+    idx = np.union1d(np.flatnonzero(rng.random(rows) < frac), np.asarray(always, np.int64)).astype(np.int64)
+    vals = rng.standard_normal((len(idx), dim)).astype(np.float32)
+    return tf.IndexedSlices(tf.constant(vals), tf.constant(idx), tf.constant([rows, dim], tf.int64))
+
+
+def _pairs(kind, lr):
+    if kind == "sgd":
+        return eopt.SGD(lr), keras.optimizers.SGD(lr)
+    if kind == "adagrad":
+        return eopt.Adagrad(lr, initial_accumulator_value=0.3), keras.optimizers.Adagrad(lr, initial_accumulator_value=0.3)
+    return eopt.Adam(lr, beta_1=0.8, beta_2=0.95), keras.optimizers.Adam(lr, beta_1=0.8, beta_2=0.95)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad"])
+def test_sgd_adagrad_bitwise_equal_keras(rng, kind):
+    rows, dim = 64, 8
+    init = rng.standard_normal((rows, dim)).astype(np.float32)
+    ours, theirs = _pairs(kind, float(rng.uniform(0.01, 0.5)))
+    a, b = tf.Variable(init), tf.Variable(init)
+    for _ in range(5):
+        g = _unique_grad(rng, rows, dim)
+        ours.apply_gradients([(g, a)])
+        theirs.apply_gradients([(g, b)])
+    assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_adam_equal_keras_on_always_touched_rows_lazy_elsewhere(rng):
+    rows, dim, lr = 48, 4, 0.05
+    init = rng.standard_normal((rows, dim)).astype(np.float32)
+    always = np.arange(0, rows, 3)                 # rows touched every step
+    ours, theirs = _pairs("adam", lr)
+    a, b = tf.Variable(init), tf.Variable(init)
+    w, m, v = init.astype(np.float64), np.zeros((rows, dim)), np.zeros((rows, dim))
+    for step in range(1, 7):
+        g = _unique_grad(rng, rows, dim, frac=0.3, always=always)
+        ours.apply_gradients([(g, a)])
+        theirs.apply_gradients([(g, b)])
+        w, m, v = ref.np_lazy_adam(w, m, v, g.indices.numpy(), g.values.numpy(), lr, step, 0.8, 0.95, 1e-7)
+    got, keras_w = a.numpy(), b.numpy()
+    np.testing.assert_array_equal(got[always], keras_w[always])
+    np.testing.assert_allclose(got, w, rtol=2e-5, atol=2e-6)       # lazy reference, all rows
+    # Moments of the lazy optimizer match the reference too.
+    i = ours._get_variable_index(a)
+    np.testing.assert_allclose(ours._momentums[i].numpy(), m, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(ours._velocities[i].numpy(), v, rtol=2e-5, atol=1e-9)
+
+
+def test_adam_untouched_rows_do_not_move(rng):
+    rows, dim = 20, 3
+    init = rng.standard_normal((rows, dim)).astype(np.float32)
+    a = tf.Variable(init)
+    opt = eopt.Adam(0.1)
+    g1 = tf.IndexedSlices(tf.ones([2, dim]), tf.constant([1, 5], tf.int64), tf.constant([rows, dim], tf.int64))
+    g2 = tf.IndexedSlices(tf.ones([1, dim]), tf.constant([7], tf.int64), tf.constant([rows, dim], tf.int64))
+    opt.apply_gradients([(g1, a)])
+    after1 = a.numpy().copy()
+    opt.apply_gradients([(g2, a)])                # Keras Adam would move rows 1 and 5 again (momentum)
+    after2 = a.numpy()
+    assert np.array_equal(after1[[1, 5]], after2[[1, 5]])
+    untouched = np.setdiff1d(np.arange(rows), [1, 5, 7])
+    assert np.array_equal(after2[untouched], init[untouched])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_duplicate_indices_are_summed(rng, kind):
+    rows, dim, lr = 10, 4, 0.1
+    init = rng.standard_normal((rows, dim)).astype(np.float32)
+    idx = np.array([3, 1, 3, 3, 7, 1], np.int64)
+    vals = rng.standard_normal((len(idx), dim)).astype(np.float32)
+    dup = tf.IndexedSlices(tf.constant(vals), tf.constant(idx), tf.constant([rows, dim], tf.int64))
+    u, s = np.unique(idx), None
+    s = np.stack([vals[idx == k].astype(np.float64).sum(0) for k in u]).astype(np.float32)
+    coal = tf.IndexedSlices(tf.constant(s), tf.constant(u), tf.constant([rows, dim], tf.int64))
+    a, b = tf.Variable(init), tf.Variable(init)
+    o1, _ = _pairs(kind, lr)
+    o2, _ = _pairs(kind, lr)
+    o1.apply_gradients([(dup, a)])
+    o2.apply_gradients([(coal, b)])
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+    if kind == "sgd":
+        np.testing.assert_allclose(a.numpy(), ref.np_sgd(init, idx, vals, lr), rtol=1e-6, atol=1e-6)
+    elif kind == "adagrad":
+        w, _ = ref.np_adagrad(init, np.full((rows, dim), 0.3), idx, vals, lr)
+        np.testing.assert_allclose(a.numpy(), w, rtol=1e-5, atol=1e-6)
+    else:
+        w, _, _ = ref.np_lazy_adam(init, np.zeros((rows, dim)), np.zeros((rows, dim)), idx, vals, lr, 1, 0.8, 0.95)
+        np.testing.assert_allclose(a.numpy(), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_dense_gradients_go_to_keras(rng, kind):
+    init = rng.standard_normal((6, 5)).astype(np.float32)
+    ours, theirs = _pairs(kind, 0.05)
+    a, b = tf.Variable(init), tf.Variable(init)
+    for _ in range(3):
+        g = tf.constant(rng.standard_normal((6, 5)).astype(np.float32))
+        ours.apply_gradients([(g, a)])
+        theirs.apply_gradients([(g, b)])
+    assert np.array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_many_tables_in_tf_function_match_numpy(rng, kind):
+    # Several tables (one fused update op) from a real lookup gradient, inside tf.function.
+    lr = 0.05
+    shapes = [(30, 4), (17, 8), (50, 1)]
+    inits = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    tables = [tf.Variable(x) for x in inits]
+    opt = _pairs(kind, lr)[0]
+    idss = [ref.random_ids(rng, 12, s[0]) for s in shapes]
+    dys = [rng.standard_normal((12, s[1])).astype(np.float32) for s in shapes]
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            outs = ops.fused_embedding_lookup(tables, [i.ragged(tf) for i in idss], "sum")
+            loss = tf.add_n([tf.reduce_sum(o * d) for o, d in zip(outs, dys)])
+        opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+
+    state = [dict(w=x.astype(np.float64), a=np.full(x.shape, 0.3), m=np.zeros(x.shape), v=np.zeros(x.shape))
+             for x in inits]
+    for it in range(1, 4):
+        step()
+        for t, (i, d, st) in enumerate(zip(idss, dys, state)):
+            g = ref.np_lookup_grad(d, i.splits, i.keys, shapes[t][0])
+            touched = np.unique(i.keys[i.keys >= 0])
+            if kind == "sgd":
+                st["w"] = ref.np_sgd(st["w"], touched, g[touched], lr)
+            elif kind == "adagrad":
+                st["w"], st["a"] = ref.np_adagrad(st["w"], st["a"], touched, g[touched], lr)
+            else:
+                st["w"], st["m"], st["v"] = ref.np_lazy_adam(st["w"], st["m"], st["v"], touched, g[touched], lr, it,
+                                                            0.8, 0.95)
+    for t, st in zip(tables, state):
+        np.testing.assert_allclose(t.numpy(), st["w"], rtol=1e-4, atol=1e-5)
+
+
+def test_fit_with_dense_and_sparse_variables(rng):
+    # model.fit: the table gets IndexedSlices (compiled path), the Dense layer dense grads (Keras).
+    rows, dim, n = 40, 6, 512
+    keys = rng.integers(0, rows, (n, 2)).astype(np.int64)
+    y = ((keys[:, 0] % 3) == 0).astype(np.float32)
+
+    class Emb(keras.layers.Layer):
+        def build(self, _):
+            self.table = self.add_weight(shape=(rows, dim), initializer="random_normal")
+
+        def call(self, ids):
+            return ops.embedding_lookup(self.table, ids)
+
+    inp = keras.Input((2,), dtype="int64")
+    model = keras.Model(inp, keras.layers.Dense(1, activation="sigmoid")(Emb()(inp)))
+    model.compile(eopt.Adam(0.05), "binary_crossentropy", metrics=["accuracy"])
+    h = model.fit(keys, y, batch_size=64, epochs=6, verbose=0)
+    assert h.history["loss"][-1] < 0.8 * h.history["loss"][0]
+
+
+def test_bad_gradient_index_raises_and_changes_nothing():
+    a = tf.Variable(tf.ones([5, 2]))
+    before = a.numpy().copy()
+    g = tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 9], tf.int64), tf.constant([5, 2], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="9"):
+        eopt.SGD(0.1).apply_gradients([(g, a)])
+    assert np.array_equal(a.numpy(), before)
