@@ -204,7 +204,8 @@ def initial_values(keys, dim: int, seed: int = 0, initializer="random") -> np.nd
         if initializer != "random":
             raise ValueError(f"initializer must be 'random', a float or a 2-D array, got {initializer!r}")
         out = np.empty((len(keys), dim), dtype=np.float32)
-        base = _splitmix64(np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(dim))
+        with np.errstate(over="ignore"):
+            base = _splitmix64(np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(dim))  # wraps mod 2^64
         cols = np.arange(dim, dtype=np.uint64)
         step = max(1, (1 << 22) // max(dim, 1))        # bounded temporaries for big tables
         for s in range(0, len(keys), step):
