@@ -168,9 +168,12 @@ constexpr int kCudaSegment = 32;
 
 // Fused multi-table forward: one kernel launch per 32 tables.
 cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaStream_t stream);
-// Benchmark knob (process-wide, not thread-safe): register cap of the forward kernel, as the
-// resident blocks per SM it must allow: 0 (default: compiler's choice), 6 or 8.
-void set_cuda_forward_min_blocks(int min_blocks);
+// Benchmark knob (process-wide, not thread-safe; results are identical, only speed changes):
+// output rows per thread group, key steps unrolled, and the resident blocks per SM the forward
+// kernel must allow (1 = compiler's choice). Only the compiled combinations are accepted
+// (see kForwardVariants in embedding_cuda.cu); returns false and changes nothing otherwise.
+bool set_cuda_forward_variant(int rows_per_group, int unroll, int min_blocks);
+void get_cuda_forward_variant(int* rows_per_group, int* unroll, int* min_blocks);
 
 // Validates ids on the device. allow_missing: whether -1 is allowed (lookups: yes; optimizer
 // indices: no). Returns "" or the same message check_ids() gives. SYNCHRONIZES the stream (it

@@ -139,7 +139,7 @@ struct FwdTable {
   float* out;
   int64_t dim;
   int64_t batch;
-  int64_t items;        // batch * chunks
+  int64_t items;        // ceil(batch / R) * chunks
   int32_t block_begin;  // first block of this table in the launch
   int32_t lanes_log2;   // group size L = 1 << lanes_log2
   int32_t chunks;       // column chunks of L * V floats per row (1 unless dim > 32 * V)
@@ -152,56 +152,85 @@ struct FwdBatch {
   int32_t num_tables;
 };
 
-template <int V>
-__device__ __forceinline__ void forward_item(const FwdTable& T, int64_t row, int64_t col) {
-  const int64_t begin = __ldg(T.offsets + row);
-  const int64_t end = __ldg(T.offsets + row + 1);
-  const float* __restrict__ tab = T.table + col;
+// R consecutive output rows per group, in lockstep, U key steps unrolled: R * U table-row loads
+// in flight per thread. With one key per lookup the chain offsets -> key -> row is latency-
+// bound, so R > 1 is what puts more bytes in flight; with many keys per lookup U > 1 does.
+// Registers grow with R * U, and occupancy falls with them: the benchmark measures the mix.
+// Adds stay in increasing j within each row.
+template <int V, int R, int U>
+__device__ __forceinline__ void forward_rows(const FwdTable& T, int64_t row0, int64_t col) {
   const int64_t dim = T.dim;
-  Vec<V> acc = vzero<V>();
-  float wsum = 0.f;
-  int64_t j = begin;
-  // Four independent row loads in flight, then the adds in increasing j (the contract's order).
-  for (; j + 4 <= end; j += 4) {
-    int64_t k[4];
-    float w[4];
-    Vec<V> x[4];
+  const float* __restrict__ tab = T.table + col;
+  // Row lengths fit 32 bits (validated: nnz < 2^31 per launch); fewer 64-bit registers.
+  int64_t beg[R];
+  int32_t len[R];
+  int32_t maxlen = 0;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      k[u] = __ldg(T.keys + j + u);
-      w[u] = T.weights ? __ldg(T.weights + j + u) : 1.f;
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r < T.batch) {
+      beg[r] = __ldg(T.offsets + row0 + r);
+      len[r] = static_cast<int32_t>(__ldg(T.offsets + row0 + r + 1) - beg[r]);
+    } else {
+      beg[r] = 0;
+      len[r] = 0;
+    }
+    maxlen = max(maxlen, len[r]);
+  }
+  Vec<V> acc[R];
+  float wsum[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    acc[r] = vzero<V>();
+    wsum[r] = 0.f;
+  }
+  for (int32_t s = 0; s < maxlen; s += U) {
+    int64_t k[R][U];
+    float w[R][U];
+    Vec<V> x[R][U];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool in = s + u < len[r];
+        k[r][u] = in ? __ldg(T.keys + beg[r] + s + u) : -1;
+        w[r][u] = (in && T.weights) ? __ldg(T.weights + beg[r] + s + u) : 1.f;
+      }
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) x[u] = k[u] >= 0 ? vldg<V>(tab + k[u] * dim) : vzero<V>();
+    for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      if (k[u] >= 0) {
-        vaxpy(acc, w[u], x[u]);  // w = 1 without weights: 1 * x is exact, so this is "+= x"
-        wsum = __fadd_rn(wsum, w[u]);
+      for (int u = 0; u < U; ++u) x[r][u] = k[r][u] >= 0 ? vldg<V>(tab + k[r][u] * dim) : vzero<V>();
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (k[r][u] >= 0) {
+          vaxpy(acc[r], w[r][u], x[r][u]);  // w = 1 without weights: 1 * x is exact, i.e. "+= x"
+          wsum[r] = __fadd_rn(wsum[r], w[r][u]);
+        }
       }
     }
   }
-  for (; j < end; ++j) {
-    const int64_t k = __ldg(T.keys + j);
-    if (k < 0) continue;
-    const float w = T.weights ? __ldg(T.weights + j) : 1.f;
-    vaxpy(acc, w, vldg<V>(tab + k * dim));
-    wsum = __fadd_rn(wsum, w);
-  }
-  if (T.mean) {
-    if (wsum != 0.f) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) acc.v[i] = __fdiv_rn(acc.v[i], wsum);
-    } else {
-      acc = vzero<V>();
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r >= T.batch) break;
+    if (T.mean) {
+      if (wsum[r] != 0.f) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[r].v[i] = __fdiv_rn(acc[r].v[i], wsum[r]);
+      } else {
+        acc[r] = vzero<V>();
+      }
     }
+    vstcs<V>(T.out + (row0 + r) * dim + col, acc[r]);
   }
-  vstcs<V>(T.out + row * dim + col, acc);
 }
 
-// kMinBlocks: resident blocks per SM the compiler must allow (caps registers). 1 leaves the
-// compiler free; 8 forces full occupancy (32 registers). Chosen by set_cuda_forward_min_blocks.
-template <int kMinBlocks>
+// kMinBlocks: resident 256-thread blocks per SM the compiler must allow, i.e. a register cap
+// (8 -> 32 registers, full occupancy; 1 -> the compiler's choice). kRows: R above.
+// Chosen by set_cuda_forward_variant (the benchmark measures them all).
+template <int kRows, int kUnroll, int kMinBlocks>
 __global__ void __launch_bounds__(kBlock, kMinBlocks) forward_kernel(const __grid_constant__ FwdBatch b) {
   int t = 0;
   while (t + 1 < b.num_tables && static_cast<int32_t>(blockIdx.x) >= b.t[t + 1].block_begin) ++t;
@@ -210,14 +239,14 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) forward_kernel(const __gri
   const int lane = threadIdx.x & ((1 << lg) - 1);
   const int64_t item = static_cast<int64_t>(blockIdx.x - T.block_begin) * (kBlock >> lg) + (threadIdx.x >> lg);
   if (item >= T.items) return;
-  const int64_t row = T.chunks == 1 ? item : item / T.chunks;
+  const int64_t rowgroup = T.chunks == 1 ? item : item / T.chunks;
   const int64_t chunk = T.chunks == 1 ? 0 : item % T.chunks;
   if (T.vec4) {
     const int64_t col = (chunk * (1 << lg) + lane) * 4;
-    if (col < T.dim) forward_item<4>(T, row, col);
+    if (col < T.dim) forward_rows<4, kRows, kUnroll>(T, rowgroup * kRows, col);
   } else {
     const int64_t col = chunk * (1 << lg) + lane;
-    if (col < T.dim) forward_item<1>(T, row, col);
+    if (col < T.dim) forward_rows<1, kRows, kUnroll>(T, rowgroup * kRows, col);
   }
 }
 
@@ -711,7 +740,21 @@ AdamEpi adam_epi(const SparseUpdateArgs& t, const AdamParams& p) {
   return e;
 }
 
-int g_forward_min_blocks = 0;
+// Forward variants (rows per group R, key unroll U, min blocks per SM); see forward_kernel.
+// Only these are compiled; kForwardVariants[g_forward_variant] is used.
+struct FwdVariant {
+  int rows, unroll, min_blocks;
+};
+constexpr FwdVariant kForwardVariants[] = {{1, 4, 1}, {1, 4, 8}, {1, 1, 8}, {2, 1, 8},
+                                           {2, 2, 4}, {2, 2, 6}, {4, 1, 4}, {4, 1, 6}};
+constexpr int kNumForwardVariants = sizeof(kForwardVariants) / sizeof(kForwardVariants[0]);
+int g_forward_variant = 0;
+
+template <int R, int U, int MB>
+cudaError_t launch_forward(const FwdBatch& b, int64_t blocks, cudaStream_t stream) {
+  forward_kernel<R, U, MB><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+  return cudaGetLastError();
+}
 
 }  // namespace
 
@@ -719,7 +762,23 @@ int g_forward_min_blocks = 0;
 // Public entry points
 // ============================================================================================
 
-void set_cuda_forward_min_blocks(int min_blocks) { g_forward_min_blocks = min_blocks; }
+void get_cuda_forward_variant(int* rows_per_group, int* unroll, int* min_blocks) {
+  const FwdVariant& v = kForwardVariants[g_forward_variant];
+  *rows_per_group = v.rows;
+  *unroll = v.unroll;
+  *min_blocks = v.min_blocks;
+}
+
+bool set_cuda_forward_variant(int rows_per_group, int unroll, int min_blocks) {
+  for (int i = 0; i < kNumForwardVariants; ++i) {
+    const FwdVariant& v = kForwardVariants[i];
+    if (v.rows == rows_per_group && v.unroll == unroll && v.min_blocks == min_blocks) {
+      g_forward_variant = i;
+      return true;
+    }
+  }
+  return false;
+}
 // ============================================================================================
 
 cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaStream_t stream) {
@@ -730,6 +789,7 @@ cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaSt
     int nt = 0;
     for (int t = t0; t < std::min(num_tables, t0 + kMaxTablesPerLaunch); ++t, ++nt) {
       const LookupArgs& a = tables[t];
+      if (a.ids.nnz >= (int64_t{1} << 31) || a.ids.batch >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
       FwdTable& T = b.t[nt];
       T.table = a.table;
       T.offsets = a.ids.row_offsets;
@@ -743,7 +803,8 @@ cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaSt
       const int64_t vecs = T.vec4 ? a.dim / 4 : a.dim;
       T.lanes_log2 = log2_lanes_for(vecs);
       T.chunks = static_cast<int32_t>(std::max<int64_t>(1, (vecs + (1 << T.lanes_log2) - 1) >> T.lanes_log2));
-      T.items = a.dim > 0 ? a.ids.batch * T.chunks : 0;
+      const int64_t R = kForwardVariants[g_forward_variant].rows;
+      T.items = a.dim > 0 ? (a.ids.batch + R - 1) / R * T.chunks : 0;
       T.block_begin = static_cast<int32_t>(blocks);
       const int64_t per_block = kBlock >> T.lanes_log2;
       blocks += (T.items + per_block - 1) / per_block;
@@ -751,14 +812,19 @@ cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaSt
     }
     b.num_tables = nt;
     if (blocks == 0) continue;
-    if (g_forward_min_blocks >= 8) {
-      forward_kernel<8><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
-    } else if (g_forward_min_blocks >= 6) {
-      forward_kernel<6><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
-    } else {
-      forward_kernel<1><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(b);
+    // The variant changes speed only: every one gives the same bits.
+    cudaError_t e;
+    switch (g_forward_variant) {
+      case 1: e = launch_forward<1, 4, 8>(b, blocks, stream); break;
+      case 2: e = launch_forward<1, 1, 8>(b, blocks, stream); break;
+      case 3: e = launch_forward<2, 1, 8>(b, blocks, stream); break;
+      case 4: e = launch_forward<2, 2, 4>(b, blocks, stream); break;
+      case 5: e = launch_forward<2, 2, 6>(b, blocks, stream); break;
+      case 6: e = launch_forward<4, 1, 4>(b, blocks, stream); break;
+      case 7: e = launch_forward<4, 1, 6>(b, blocks, stream); break;
+      default: e = launch_forward<1, 4, 1>(b, blocks, stream); break;
     }
-    EL_TRY(cudaGetLastError());
+    EL_TRY(e);
   }
   return cudaSuccess;
 }

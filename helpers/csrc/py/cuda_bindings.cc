@@ -16,6 +16,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cuda_runtime_api.h>
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "embedding.h"
@@ -342,8 +344,22 @@ void register_cuda(nb::module_& m) {
       },
       "Number of CUDA devices visible (0 without a driver or GPU).");
 
-  m.def("_set_cuda_forward_min_blocks", &set_cuda_forward_min_blocks, nb::arg("min_blocks"),
-        "Benchmark knob: 0 (default), 6 or 8 resident blocks per SM for the forward kernel.");
+  m.def(
+      "_set_cuda_forward_variant",
+      [](int rows, int unroll, int min_blocks) {
+        if (!set_cuda_forward_variant(rows, unroll, min_blocks))
+          fail("_set_cuda_forward_variant", "not a compiled variant (see kForwardVariants in embedding_cuda.cu)");
+      },
+      nb::arg("rows_per_group"), nb::arg("unroll"), nb::arg("min_blocks"),
+      "Benchmark knob: forward rows per thread group, key unroll, min resident blocks per SM (same results).");
+  m.def(
+      "_cuda_forward_variant",
+      []() {
+        int r, u, b;
+        get_cuda_forward_variant(&r, &u, &b);
+        return std::make_tuple(r, u, b);
+      },
+      "The forward variant in use: (rows_per_group, unroll, min_blocks).");
 
   m.def(
       "lookup_backward_cuda_workspace_size",
