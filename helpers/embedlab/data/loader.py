@@ -9,9 +9,10 @@ Shuffling is two-level, like NVTabular's loader: the order of row groups is perm
 and rows are permuted inside a buffer of `buffer_rows` rows (several row groups). Rows that do not
 fill a whole batch stay in the buffer and mix with the next row groups.
 
-Memory is bounded by the buffer, not by the dataset: at most about
-`(buffer_rows + row_group_rows + (prefetch + 2) * batch_size) * bytes_per_row * 2` bytes
-(the factor 2 for the buffer and its permuted copy), whatever the number of files.
+Memory is bounded by the buffer, not by the dataset: about
+`(2 * (buffer_rows + row_group_rows) + 2 * row_group_rows + (prefetch + 2) * batch_size)
+* bytes_per_row` (the buffer and its permuted copy, one row group being stored and one decoded
+ahead, the batches in flight), whatever the number of files.
 
 Example:
     >>> from embedlab.data import ParquetLoader                             # doctest: +SKIP
@@ -21,8 +22,10 @@ Example:
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -231,17 +234,20 @@ class ParquetLoader(_Base):
             lay.update({c: ((), np.int64, [c]) for c in self.sparse})
         return lay
 
-    def _read_group(self, f, i, lay, buf, at):
-        """Decode one row group; fixed columns are copied straight into `buf` rows [at, ...).
-
-        Returns the ragged columns (as `_Ragged`), which are kept as separate chunks.
-        """
+    def _decode(self, f, i):
+        """Read and decode one row group with pyarrow (its own threads; the GIL is released)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
         try:
-            t = pq.ParquetFile(f).read_row_group(i, columns=self.columns, use_threads=True)
+            return pq.ParquetFile(f).read_row_group(i, columns=self.columns, use_threads=True)
         except (pa.ArrowException, OSError) as e:
             raise FormatError(f"ParquetLoader: cannot read {f} row group {i}: {e}") from e
+
+    def _store(self, t, f, i, lay, buf, at):
+        """Copy a decoded row group's fixed columns into `buf` rows [at, at + rows).
+
+        Returns (rows, ragged columns as `_Ragged`, kept as separate chunks).
+        """
         m = t.num_rows
         if at + m > len(buf[self.label]):
             raise RuntimeError("ParquetLoader: row group larger than the buffer (bug)")
@@ -287,6 +293,10 @@ class ParquetLoader(_Base):
         out = {k: np.empty_like(v) for k, v in buf.items()} if self.shuffle else buf
         rparts: dict = {c: [] for c in self.ragged}
         rows = 0
+        # np.take releases the GIL: gathering the columns on a few threads uses every core
+        # while pyarrow's own pool decodes.
+        pool = ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1)),
+                                  thread_name_prefix="ParquetLoader-gather")
 
         def drain(final):
             nonlocal rows, rparts
@@ -294,8 +304,7 @@ class ParquetLoader(_Base):
             rag = {c: _Ragged.concat(p) for c, p in rparts.items()} if self.ragged else {}
             if self.shuffle:
                 perm = rng.permutation(n)
-                for k in buf:
-                    np.take(buf[k][:n], perm, axis=0, out=out[k][:n])
+                list(pool.map(lambda k: np.take(buf[k][:n], perm, axis=0, out=out[k][:n]), buf))
                 rag = {c: r.take(perm) for c, r in rag.items()}
             k = n // B
             for j in range(k):
@@ -316,16 +325,27 @@ class ParquetLoader(_Base):
             rparts = {c: ([r.slice(k * B, n)] if rest else []) for c, r in rag.items()}
             rows = rest
 
-        for g in order:
-            f, i, _ = self.row_groups[g]
-            m, rag = self._read_group(f, i, lay, buf, rows)
-            for c, r in rag.items():
-                rparts[c].append(r)
-            rows += m
-            if rows >= self.buffer_rows:
-                yield from drain(False)
-        if rows:
-            yield from drain(True)
+        reader = ThreadPoolExecutor(1, thread_name_prefix="ParquetLoader-read")
+        try:
+            # Decode the next row group while this one is stored, shuffled and converted.
+            ahead = reader.submit(self._decode, *self.row_groups[order[0]][:2]) if len(order) else None
+            for k, g in enumerate(order):
+                f, i, _ = self.row_groups[g]
+                t = ahead.result()
+                ahead = (reader.submit(self._decode, *self.row_groups[order[k + 1]][:2])
+                         if k + 1 < len(order) else None)
+                m, rag = self._store(t, f, i, lay, buf, rows)
+                del t
+                for c, r in rag.items():
+                    rparts[c].append(r)
+                rows += m
+                if rows >= self.buffer_rows:
+                    yield from drain(False)
+            if rows:
+                yield from drain(True)
+        finally:
+            reader.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=True)
 
     def _finish(self, cols):
         label = cols[self.label].reshape(-1, 1)

@@ -193,9 +193,10 @@ def test_memory_is_bounded_by_the_buffer_not_the_dataset(tmp_path, rng):
     rows6, p6 = peak(12)
     assert rows6 == 6 * rows1
     # Bytes per row held by the loader: label + 2 dense (f32), rid + C1 (i64), tags (<= 3 i64
-    # values + a split). The documented bound: (buffer + row group + (prefetch+2) batches) x2.
+    # values + a split). The documented bound: 2 x (buffer + row group) + 2 row groups +
+    # (prefetch + 2) batches.
     per_row = 4 + 8 + 16 + 8 + 8 * 3
-    bound = (2000 + 1000 + 4 * 500) * per_row * 2
+    bound = (2 * (2000 + 1000) + 2 * 1000 + 4 * 500) * per_row
     print("peak bytes", p1, p6, "bound", bound)
     assert p6 < 1.5 * p1 + 20_000
     assert p6 < bound
