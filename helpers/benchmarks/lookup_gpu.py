@@ -308,20 +308,23 @@ class Bench:
             F.embedding_bag(k, p, off, mode="mean", include_last_offset=True, sparse=True).backward(g)
             o.step()
             ref_rows = p.detach()[touched]
+            # Hot keys sum thousands of terms in different orders on the two sides: compare with
+            # a relative tolerance (|ours - torch| <= 1e-5 * (1 + |torch|)).
+            rel = lambda a, b: float(((a - b).abs() / (1 + b.abs())).max())  # noqa: E731
             if opt == "sgd":
-                err = float((mine_rows - ref_rows).abs().max())
-                ok, detail = err < 1e-5, f"max |ours - torch| = {err:.3g}"
+                err = rel(mine_rows, ref_rows)
+                ok, detail = err < 1e-5, f"max |ours - torch| / (1 + |torch|) = {err:.3g}"
             else:
                 # m = (1 - b1) g is well conditioned: compare it tightly. The first Adam step moves
                 # each weight by ~lr * g / |g|, so where g nearly cancels (|g| ~ rounding of its
                 # terms) the two sides' last-bit differences in g flip the step: compare the
                 # weights only where |g| > 1e-4.
                 ref_m = o.state[p]["exp_avg"][touched]
-                err_m = float((mine_m - ref_m).abs().max())
+                err_m = rel(mine_m, ref_m)
                 well = ref_m.abs() > 1e-5
-                err = float((mine_rows - ref_rows)[well].abs().max())
-                ok = err_m < 1e-6 and err < 1e-5
-                detail = (f"max |m ours - exp_avg torch| = {err_m:.3g}; max |w ours - w torch| = {err:.3g} over "
+                err = rel(mine_rows[well], ref_rows[well])
+                ok = err_m < 1e-5 and err < 1e-5
+                detail = (f"max rel. diff of m vs exp_avg = {err_m:.3g}; of weights = {err:.3g} over "
                           f"{int(well.sum()):,} of {well.numel():,} elements with |g| > 1e-4")
             del p, o, ref_rows, mine_rows, mine_m
             torch.cuda.empty_cache()

@@ -446,7 +446,7 @@ def test_forward_variants_give_identical_bits(rng):
         combs.append(["sum", "mean"][i % 2])
     ws = [rng.uniform(0, 1, size=len(k)).astype(np.float32) for k in keys]
     default = tuple(core._cuda_forward_variant())
-    variants = [(1, 4, 1), (1, 4, 8), (1, 1, 8), (2, 1, 8), (2, 2, 4), (2, 2, 6), (4, 1, 4), (4, 1, 6)]
+    variants = [(0, 0, 0), (1, 4, 1), (1, 4, 8), (1, 1, 8), (2, 1, 8), (2, 2, 4), (2, 2, 6), (4, 1, 4), (4, 1, 6)]
     try:
         results = []
         for v in variants:

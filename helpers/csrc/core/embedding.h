@@ -180,8 +180,10 @@ void get_cuda_forward_variant(int* rows_per_group, int* unroll, int* min_blocks)
 // reads a 24-byte status back; on error it copies the ids to the host to word the message).
 // `workspace` needs check_ids_cuda_workspace() bytes. *err gets any CUDA error.
 size_t check_ids_cuda_workspace();
+// max_key (optional): receives the largest valid key, or -1 if none (the backward's sort needs
+// only the bits of this bound when the table size is unknown, as in EmbedLabFusedLookupGrad).
 std::string check_ids_cuda(const CsrIds& ids, int64_t num_rows, bool allow_missing, void* workspace,
-                           cudaStream_t stream, cudaError_t* err);
+                           cudaStream_t stream, cudaError_t* err, int64_t* max_key = nullptr);
 
 // Backward of one table to (unique_keys ascending, summed rows). The count is only known on
 // the device, so the outputs are sized for the worst case: unique_keys[nnz], rows[nnz, dim];

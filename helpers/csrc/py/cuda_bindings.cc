@@ -273,7 +273,7 @@ SparseUpdateArgs target_of(const char* fn, DeviceGuard& dev, const Arr& table, c
   return a;
 }
 
-SparseOptimizer optimizer_of(const char* fn, const std::string& name, float lr, float eps, float b1, float b2,
+SparseOptimizer optimizer_of(const char* fn, const std::string& name, float lr, float eps, double b1, double b2,
                              int64_t step) {
   SparseOptimizer o;
   if (name == "sgd") {
@@ -387,7 +387,7 @@ void register_cuda(nb::module_& m) {
       [](const Arr& table, const Arr& offsets, const Arr& keys, const std::optional<Arr>& weights,
          const std::string& combiner, const Arr& grad_out, const std::string& optimizer, float lr,
          const std::optional<Arr>& accumulator, const std::optional<Arr>& m, const std::optional<Arr>& v,
-         float epsilon, float beta_1, float beta_2, int64_t step, uintptr_t stream, bool check,
+         float epsilon, double beta_1, double beta_2, int64_t step, uintptr_t stream, bool check,
          const std::optional<Arr>& workspace) {
         const char* fn = "lookup_backward_apply_cuda";
         DeviceGuard dev{fn};
@@ -400,7 +400,7 @@ void register_cuda(nb::module_& m) {
       nb::arg("table"), nb::arg("row_offsets"), nb::arg("keys"), nb::arg("weights").none(), nb::arg("combiner"),
       nb::arg("grad_out"), nb::arg("optimizer"), nb::arg("lr"), nb::arg("accumulator").none() = nb::none(),
       nb::arg("m").none() = nb::none(), nb::arg("v").none() = nb::none(), nb::arg("epsilon") = 1e-7f,
-      nb::arg("beta_1") = 0.9f, nb::arg("beta_2") = 0.999f, nb::arg("step") = 1, nb::arg("stream") = 0,
+      nb::arg("beta_1") = 0.9, nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("stream") = 0,
       nb::arg("check") = true, nb::arg("workspace").none() = nb::none(),
       "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam') on the touched rows of `table` (in place);\n"
       "the gradient is never materialized. Same bits as lookup_backward_cuda followed by sparse_<opt>_cuda.");
@@ -435,8 +435,8 @@ void register_cuda(nb::module_& m) {
 
   m.def(
       "sparse_adam_cuda",
-      [](const Arr& table, const Arr& mo, const Arr& ve, const Arr& indices, const Arr& grads, float lr, float b1,
-         float b2, float eps, int64_t step, uintptr_t stream, bool check, const std::optional<Arr>& workspace) {
+      [](const Arr& table, const Arr& mo, const Arr& ve, const Arr& indices, const Arr& grads, float lr, double b1,
+         double b2, float eps, int64_t step, uintptr_t stream, bool check, const std::optional<Arr>& workspace) {
         const char* fn = "sparse_adam_cuda";
         DeviceGuard dev{fn};
         SparseUpdateArgs t = target_of(fn, dev, table, mo, "m", ve, "v");
