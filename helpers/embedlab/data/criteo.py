@@ -125,12 +125,33 @@ def _gen_params(seed: int) -> _GenParams:
     int_mu = rng.uniform(0.0, 3.0, NUM_INT)
     int_sigma = rng.uniform(0.8, 1.8, NUM_INT)
     int_beta = rng.normal(0.0, 0.35, NUM_INT)
-    return _GenParams(cards, alpha, cat_scale, salt, int_mu, int_sigma, int_beta, -1.05, seed)
+    p = _GenParams(cards, alpha, cat_scale, salt, int_mu, int_sigma, int_beta, 0.0, seed)
+    # Pick the bias so that the click rate is Kaggle's (about 25.6 %) whatever the seed: the
+    # other parameters are random and would otherwise move the mean logit around.
+    logit = _sample(p, np.random.default_rng([seed, 2]), 20_000)[-1]
+    lo, hi = -10.0, 10.0
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        if np.mean(1.0 / (1.0 + np.exp(-(logit + mid)))) < _CTR:
+            lo = mid
+        else:
+            hi = mid
+    return _GenParams(cards, alpha, cat_scale, salt, int_mu, int_sigma, int_beta, lo, seed)
+
+
+_CTR = 0.256
 
 
 def _gen_block(p: _GenParams, block: int, n: int):
     """Columns of one block of synthetic rows (label, ints, int_missing, cats, cat_missing)."""
     rng = np.random.default_rng([p.seed, 1, block])
+    ints, int_missing, cats, cat_missing, logit = _sample(p, rng, n)
+    label = (rng.random(n) < 1.0 / (1.0 + np.exp(-(logit + p.bias)))).astype(np.int8)
+    return label, ints, int_missing, cats, cat_missing
+
+
+def _sample(p: _GenParams, rng, n: int):
+    """Feature columns and the click logit without the bias."""
     # Categorical ranks from a bounded continuous power law p(r) ~ r^-alpha on [1, card],
     # sampled by its inverse CDF: rank 1 is the most frequent value of the column.
     u = rng.random((n, NUM_CAT))
@@ -142,7 +163,7 @@ def _gen_block(p: _GenParams, block: int, n: int):
     cats = np.empty((n, NUM_CAT), dtype=np.uint32)
     # Each category's effect on the click logit: a fixed pseudo-random value in [-1, 1]
     # derived from (seed, column, rank), so frequent categories are learnable.
-    logit = np.full(n, p.bias)
+    logit = np.zeros(n)
     for j in range(NUM_CAT):
         r = ranks[:, j]
         cats[:, j] = _rank_to_hex(r, int(p.salt[j]))
@@ -157,8 +178,7 @@ def _gen_block(p: _GenParams, block: int, n: int):
     int_missing = rng.random((n, NUM_INT)) < np.array(_INT_MISSING)
     z = np.log1p(np.maximum(ints, 0)) - p.int_mu
     logit += np.where(int_missing, 0.0, z * p.int_beta).sum(axis=1)
-    label = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int8)
-    return label, ints, int_missing, cats, cat_missing
+    return ints, int_missing, cats, cat_missing, logit
 
 
 def _format_rows(label, ints, int_missing, cats, cat_missing) -> bytes:
@@ -684,13 +704,15 @@ def _cross_has_missing(k: np.ndarray) -> np.ndarray:
     return ((k >> np.uint64(32)) == MISSING_HEX) | ((k & np.uint64(0xFFFFFFFF)) == MISSING_HEX)
 
 
-def _encode(values: np.ndarray, vocab: np.ndarray) -> np.ndarray:
-    """Local ids: 1 + position in the sorted vocabulary, 0 for rare/missing/unseen values."""
+def _encode(values: np.ndarray, vocab) -> np.ndarray:
+    """Local ids: 1 + position in the sorted vocabulary, 0 for rare/missing/unseen values.
+
+    `vocab` is a `pandas.Index` over the sorted frequent values: its hash lookup is 3-7x
+    faster than a binary search once vocabularies hold thousands of values.
+    """
     if len(vocab) == 0:
         return np.zeros(len(values), np.int64)
-    pos = np.searchsorted(vocab, values)
-    pos_c = np.minimum(pos, len(vocab) - 1)
-    return np.where(vocab[pos_c] == values, pos_c + 1, 0).astype(np.int64)
+    return vocab.get_indexer(values).astype(np.int64) + 1
 
 
 @dataclass
@@ -833,6 +855,8 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
     vocabs = [c.frequent(freq_threshold, exclude=lambda k: k == MISSING_HEX) for c in counters]
     vocabs += [c.frequent(freq_threshold, exclude=_cross_has_missing) for c in cross_counters]
     del counters, cross_counters
+    import pandas as pd
+    lookups = [pd.Index(v) for v in vocabs]
     slot_sizes = [len(v) + 1 for v in vocabs]
     offsets = np.concatenate([[0], np.cumsum(slot_sizes)[:-1]]).astype(np.int64)
     columns = CAT_COLUMNS + ([f"{a}_{b}" for a, b in CROSSES] if feature_cross else [])
@@ -884,11 +908,11 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
                 for j, c in enumerate(INT_COLUMNS):
                     cols[c] = dense[:, j].astype(np.float32)
                 for j, c in enumerate(CAT_COLUMNS):
-                    cols[c] = _encode(block.cats[:, j], vocabs[j]) + offsets[j]
+                    cols[c] = _encode(block.cats[:, j], lookups[j]) + offsets[j]
                 if feature_cross:
                     for k, (a, b) in enumerate(cross_idx):
                         key = _cross_key(block.cats[:, a], block.cats[:, b])
-                        cols[columns[NUM_CAT + k]] = (_encode(key, vocabs[NUM_CAT + k])
+                        cols[columns[NUM_CAT + k]] = (_encode(key, lookups[NUM_CAT + k])
                                                       + offsets[NUM_CAT + k])
                 which = np.searchsorted(bounds, block.line, side="right") - 1
                 table = pa.table(cols, schema=schema)
