@@ -54,15 +54,23 @@ def _parse():
     return p.parse_args()
 
 
-def _median_ms(fn, args, warmup, repeats):
-    for _ in range(warmup):
-        _block(fn(*args))
-    times = []
+def _interleaved_ms(cases, warmup, repeats):
+    """Median ms per case, the cases timed in turn within each repeat.
+
+    On a shared machine, load that comes and goes then hits every case alike, so the ratios
+    stay meaningful even when the absolute times move.
+    """
+    for fn, arg in cases.values():
+        for _ in range(warmup):
+            _block(fn(arg))
+    times = {name: [] for name in cases}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        _block(fn(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for name, (fn, arg) in cases.items():
+            t0 = time.perf_counter()
+            _block(fn(arg))
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}, \
+           {name: min(t) for name, t in times.items()}
 
 
 def _block(res):
@@ -84,7 +92,7 @@ def _cpu_name():
     return platform.processor() or "unknown"
 
 
-def run_dim(dim, a, tf, keras, ops, eopt):
+def run_dim(dim, a, tf, keras, ops, eopt, _native):
     rng = np.random.default_rng(a.seed + dim)
     T, B = a.tables, a.batch
     print(f"[dim {dim}] creating {T} tables of {a.rows:,} x {dim} "
@@ -158,24 +166,47 @@ def run_dim(dim, a, tf, keras, ops, eopt):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     del vals
 
-    m = lambda fn, ids: _median_ms(fn, (ids,), a.warmup, a.repeats)
+    # The pieces of EmbedLab's train step, each alone (for "where does the time go").
+    lib = _native.tf_ops()
+    splits = [x.row_splits for x in rg_ids]
+    flat = [x.values for x in rg_ids]
+    comb = ["sum"] * T
+    uniq = [tf.constant(np.unique(x.values.numpy())) for x in rg_ids]
+    urows = [tf.constant(rng.standard_normal((int(u.shape[0]), dim)).astype(np.float32)) for u in uniq]
+    pieces = {
+        "piece_coo_to_csr_ms": (tf.function(lambda ids: [ops.to_csr(x)[1] for x in ids]), sp_ids),
+        "piece_fwd_kernel_ms": (tf.function(lambda _: lib.embed_lab_fused_resource_lookup(
+            [t.handle for t in tables], splits, flat, [], combiners=comb)), 0),
+        "piece_bwd_kernel_ms": (tf.function(lambda _: lib.embed_lab_fused_lookup_grad(
+            r, splits, flat, [], combiners=comb).rows), 0),
+        "piece_sgd_apply_ms": (tf.function(lambda _: [lib.embed_lab_sparse_apply_sgd(
+            [t.handle for t in tables], uniq, urows, tf.constant(1e-6)), tf.constant(0)][1]), 0),
+    }
+
     res = {"dim": dim, "keys_per_batch": nkeys}
-    # EmbedLab is timed before the native side touches the tables: TF's ResourceGather puts a
-    # variable into "copy-on-read" mode, after which the current sparse-apply kernel copies the
-    # whole table on every update (see RESULTS.md). --native-first shows that case.
+    w, r_ = a.warmup, a.repeats
+    print(f"[dim {dim}] timing forward and forward+backward (interleaved)...", flush=True)
+    med, mins = _interleaved_ms({
+        "fwd_native_ms": (fwd_native, sp_ids), "fwd_embedlab_coo_ms": (fwd_embedlab, sp_ids),
+        "fwd_embedlab_csr_ms": (fwd_embedlab, rg_ids),
+        "fwdbwd_native_ms": (grad_native, sp_ids), "fwdbwd_embedlab_coo_ms": (grad_embedlab, sp_ids)}, w, r_)
+    res.update(med)
+    res["min"] = dict(mins)
+    # Train steps: EmbedLab's before the native one. Once TF's ResourceGather/ScatterSub has
+    # touched a variable it is in "copy-on-read" mode, after which the current EmbedLab
+    # sparse-apply kernel copies the whole table on every update (see RESULTS.md); so these
+    # two are timed in blocks, not interleaved. --native-first shows the other order.
     order = ["native", "embedlab"] if a.native_first else ["embedlab", "native"]
     for side in order:
-        print(f"[dim {dim}] timing {side}...", flush=True)
+        print(f"[dim {dim}] timing {side} train step...", flush=True)
         if side == "embedlab":
-            res["fwd_embedlab_coo_ms"] = m(fwd_embedlab, sp_ids)
-            res["fwd_embedlab_csr_ms"] = m(fwd_embedlab, rg_ids)
-            res["fwdbwd_embedlab_coo_ms"] = m(grad_embedlab, sp_ids)
-            res["step_embedlab_coo_ms"] = m(step_embedlab, sp_ids)
-            res["step_embedlab_csr_ms"] = m(step_embedlab, rg_ids)
+            med, mins = _interleaved_ms({"step_embedlab_coo_ms": (step_embedlab, sp_ids),
+                                         "step_embedlab_csr_ms": (step_embedlab, rg_ids),
+                                         **pieces}, w, r_)
         else:
-            res["fwd_native_ms"] = m(fwd_native, sp_ids)
-            res["fwdbwd_native_ms"] = m(grad_native, sp_ids)
-            res["step_native_ms"] = m(step_native, sp_ids)
+            med, mins = _interleaved_ms({"step_native_ms": (step_native, sp_ids)}, w, r_)
+        res.update(med)
+        res["min"].update(mins)
     res["fwd_ratio_coo"] = res["fwd_native_ms"] / res["fwd_embedlab_coo_ms"]
     res["fwd_ratio_csr"] = res["fwd_native_ms"] / res["fwd_embedlab_csr_ms"]
     res["step_ratio_coo"] = res["step_native_ms"] / res["step_embedlab_coo_ms"]
@@ -194,10 +225,19 @@ def main():
     import tensorflow as tf
 
     import embedlab
-    from embedlab import ops
+    from embedlab import _native, ops
     from embedlab import optimizers as eopt
 
-    results = [run_dim(d, a, tf, keras, ops, eopt) for d in a.dims]
+    import gc
+    results = []
+    for d in a.dims:
+        results.append(run_dim(d, a, tf, keras, ops, eopt, _native))
+        gc.collect()          # free this dim's tables (captured by its tf.functions) before the next
+        try:
+            import psutil
+            print(f"[dim {d}] done; process RSS {psutil.Process().memory_info().rss / 2**30:.1f} GiB", flush=True)
+        except ImportError:
+            pass
     machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                "tensorflow": tf.__version__, "keras": keras.__version__,
                "embedlab": embedlab.__version__}
@@ -216,6 +256,13 @@ def main():
               f"{r['fwdbwd_native_ms']:>7.2f} | {r['fwdbwd_embedlab_coo_ms']:>7.2f} | "
               f"{r['step_native_ms']:>10.2f} | {r['step_embedlab_coo_ms']:>11.2f} | "
               f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}")
+    print()
+    print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
+          "backward kernel | SGD apply kernel | sum | full CSR step")
+    for r in results:
+        ps = [r["piece_coo_to_csr_ms"], r["piece_fwd_kernel_ms"], r["piece_bwd_kernel_ms"], r["piece_sgd_apply_ms"]]
+        print(f"{r['dim']:>4} | " + " | ".join(f"{p:7.2f}" for p in ps)
+              + f" | {sum(ps[1:]):7.2f} | {r['step_embedlab_csr_ms']:7.2f}")
     out = {"command": cmd, "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v)
                                                            for k, v in vars(a).items()},
            "results": results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -74,10 +74,11 @@ class Ids:
 def random_ids(rng, batch: int, rows: int, max_nnz: int = 4, pad_prob: float = 0.1) -> Ids:
     """Random ids with at least one empty row, duplicate keys, and some -1 keys."""
     counts = rng.integers(0, max_nnz + 1, size=batch)
+    picks = rng.permutation(batch)[:2]                      # two distinct rows
     if batch:
-        counts[rng.integers(batch)] = 0                     # an empty row, always
+        counts[picks[0]] = 0                                # an empty row, always
     if batch > 1 and max_nnz >= 2:
-        counts[rng.integers(batch)] = max_nnz               # a full row
+        counts[picks[1]] = max_nnz                          # a full row
     nnz = int(counts.sum())
     keys = rng.integers(0, rows, size=nnz, dtype=np.int64)
     if nnz >= 2:
