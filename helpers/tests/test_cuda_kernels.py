@@ -297,7 +297,10 @@ def test_backward_matches_cpu_and_float64(rng, dim, combiner, weighted, zipf):
     assert rel_err(g, ref_g) < 1e-5
     cpu_k, cpu_g = core.lookup_backward(offsets, keys, weights, combiner, dy, rows)
     np.testing.assert_array_equal(uk, cpu_k)
-    np.testing.assert_allclose(g, cpu_g, rtol=1e-5, atol=1e-5)
+    # Hot keys are summed in another (fixed) order than the CPU's: the difference is bounded by
+    # a small multiple of eps * sum |terms| (the same oracle on |dy| and |weights|).
+    _, abs_sum = ref_backward(offsets, keys, None if weights is None else np.abs(weights), combiner, np.abs(dy))
+    assert (np.abs(g - cpu_g) <= 1e-5 * abs_sum + 1e-7).all()
     # Keys touched at most SEGMENT times are summed strictly in position order: the CPU's bits.
     counts = np.bincount(keys[keys >= 0], minlength=rows)[uk]
     cold = counts <= SEGMENT
@@ -370,8 +373,10 @@ def test_sparse_optimizers_match_cpu(rng, opt, dim):
     counts = np.bincount(indices, minlength=rows)
     cold = counts <= SEGMENT
     for name, g, c in zip(["table", "slot1", "slot2"], got, [ct, c1, c2]):
-        np.testing.assert_allclose(g, c, rtol=2e-5, atol=2e-6, err_msg=name)
         np.testing.assert_array_equal(g[cold], c[cold], err_msg=f"{name}: rows with <= {SEGMENT} duplicates")
+        # Hot rows: the summed gradient differs from the CPU's only by summation order (checked
+        # against float64 in the backward tests); the optimizer then amplifies it at most mildly.
+        np.testing.assert_allclose(g[~cold], c[~cold], rtol=1e-3, atol=1e-5, err_msg=name)
     untouched = counts == 0
     np.testing.assert_array_equal(got[0][untouched], table[untouched])
 
@@ -419,8 +424,11 @@ def test_fused_backward_apply_equals_backward_then_update(rng, opt):
         core.sparse_adagrad(ct, c1, ck, cg, kw["lr"], kw["epsilon"])
     else:
         core.sparse_adam(ct, c1, c2, ck, cg, kw["lr"], kw["beta_1"], kw["beta_2"], kw["epsilon"], kw["step"])
+    counts = np.bincount(keys[keys >= 0], minlength=rows)
+    cold = counts <= SEGMENT
     for x, y in zip(a, [ct, c1, c2]):
-        np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(x[cold], y[cold])
+        np.testing.assert_allclose(x[~cold], y[~cold], rtol=1e-3, atol=1e-5)
 
 
 def test_optimizer_rejects_bad_indices_and_changes_nothing(rng):

@@ -258,13 +258,21 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) forward_kernel(const __gri
 // status[2]: 0 if row_offsets[0] != 0 or row_offsets[batch] != nnz. "No error" is the memset
 // pattern 0x7f7f... (a large positive int64), so atomicMin finds the first bad position.
 // status[3]: 1 + the largest key (starts at 0).
-__global__ void check_ids_kernel(const int64_t* offsets, const int64_t* keys, int64_t batch, int64_t nnz,
-                                 int64_t num_rows, int64_t min_key, unsigned long long* status) {
+__global__ void __launch_bounds__(kBlock) check_ids_kernel(const int64_t* offsets, const int64_t* keys, int64_t batch,
+                                                           int64_t nnz, int64_t num_rows, int64_t min_key,
+                                                           bool want_max, unsigned long long* status) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned long long top = 0;  // 1 + the largest valid key seen by this thread
   if (i < nnz) {
     const int64_t k = keys[i];
     if (k < min_key || k >= num_rows) atomicMin(&status[0], static_cast<unsigned long long>(i));
-    else if (k >= 0) atomicMax(&status[3], static_cast<unsigned long long>(k) + 1);
+    else if (k >= 0) top = static_cast<unsigned long long>(k) + 1;
+  }
+  if (want_max) {  // one atomic per block: a single hot address would serialize 10^6 atomics
+    using BlockMax = cub::BlockReduce<unsigned long long, kBlock>;
+    __shared__ typename BlockMax::TempStorage tmp;
+    const unsigned long long block_top = BlockMax(tmp).Reduce(top, ::cuda::maximum<>{});
+    if (threadIdx.x == 0 && block_top > 0) atomicMax(&status[3], block_top);
   }
   if (offsets != nullptr) {
     if (i < batch && offsets[i + 1] < offsets[i]) atomicMin(&status[1], static_cast<unsigned long long>(i));
@@ -898,7 +906,7 @@ std::string check_ids_cuda(const CsrIds& ids, int64_t num_rows, bool allow_missi
   if ((e = cudaMemsetAsync(status + 3, 0, sizeof(unsigned long long), stream)) != cudaSuccess) return fail(e);
   const int64_t n = std::max<int64_t>(std::max(ids.nnz, ids.batch), 1);
   check_ids_kernel<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      ids.row_offsets, ids.keys, ids.batch, ids.nnz, num_rows, allow_missing ? -1 : 0, status);
+      ids.row_offsets, ids.keys, ids.batch, ids.nnz, num_rows, allow_missing ? -1 : 0, max_key != nullptr, status);
   if ((e = cudaGetLastError()) != cudaSuccess) return fail(e);
   unsigned long long host[4];
   if ((e = cudaMemcpyAsync(host, status, sizeof(host), cudaMemcpyDeviceToHost, stream)) != cudaSuccess) return fail(e);
