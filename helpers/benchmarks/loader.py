@@ -38,16 +38,26 @@ from embedlab.data import ParquetLoader, criteo, formats  # noqa: E402
 BYTES_PER_ROW = 4 + 13 * 4 + 28 * 8   # label + I1..I13 float32 + C1..C26 + 2 crosses int64
 
 
-def _time_epochs(make_iter, repeats):
-    """rows/s of full passes (median of `repeats`), the first pass counted like the others."""
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        rows = 0
-        for _, y in make_iter():
-            rows += int(y.shape[0])
-        rates.append(rows / (time.perf_counter() - t0))
-    return statistics.median(rates), rows
+def _epoch_rate(make_iter):
+    """rows/s and rows of one full pass."""
+    t0 = time.perf_counter()
+    rows = 0
+    for _, y in make_iter():
+        rows += int(y.shape[0])
+    return rows / (time.perf_counter() - t0), rows
+
+
+def _time_interleaved(pipelines, repeats):
+    """Median rows/s per pipeline over `repeats` rounds; each round runs every pipeline once,
+    so slow phases of a noisy machine hit all pipelines alike."""
+    rates = {k: [] for k in pipelines}
+    rows = {}
+    for r in range(repeats):
+        for name, make in pipelines.items():
+            rate, rows[name] = _epoch_rate(make)
+            rates[name].append(rate)
+            print(f"  round {r + 1}/{repeats} {name:16s} {rate:12,.0f} rows/s", flush=True)
+    return {k: statistics.median(v) for k, v in rates.items()}, rates, rows
 
 
 def _memory_child(path, batch, buffer_rows):
@@ -118,17 +128,12 @@ def main(argv=None):
     print(f"generate: {res['generate_rows_per_s']:,.0f} rows/s; preprocess (2 passes, TSV -> "
           f"parquet): {etl.rows_per_second:,.0f} rows/s; {len(files)} parquet files")
 
-    # 2. ParquetLoader -----------------------------------------------------------------
+    # 2-4. The pipelines -----------------------------------------------------------------
     loader = ParquetLoader(pq_dir / "train", B, buffer_rows=args.buffer_rows, seed=0)
-    rate, rows = _time_epochs(lambda: iter(loader), args.repeats)
-    res["loader_rows_per_s"] = rate
-    assert rows == N, (rows, N)
     loader_ns = ParquetLoader(pq_dir / "train", B, buffer_rows=args.buffer_rows, shuffle=False)
-    res["loader_noshuffle_rows_per_s"], _ = _time_epochs(lambda: iter(loader_ns), args.repeats)
     ds_wrapped = loader.to_tf_dataset()
-    res["loader_tfdata_rows_per_s"], _ = _time_epochs(lambda: iter(ds_wrapped), args.repeats)
 
-    # 3. TensorFlow item-by-item (columns already in memory: the most favourable case) ---
+    # TensorFlow item-by-item (columns already in memory: the most favourable case).
     M = min(args.baseline_rows, N)
     data = formats.read_parquet(files)
     cols = {k: v[:M] for k, v in data.items()}
@@ -139,10 +144,8 @@ def main(argv=None):
     items = tf.data.Dataset.from_tensor_slices((feats, label))
     ds_items = items.batch(B).prefetch(tf.data.AUTOTUNE)
     ds_items_shuf = items.shuffle(args.buffer_rows, seed=0).batch(B).prefetch(tf.data.AUTOTUNE)
-    res["items_rows_per_s"], _ = _time_epochs(lambda: iter(ds_items), args.repeats)
-    res["items_shuffle_rows_per_s"], _ = _time_epochs(lambda: iter(ds_items_shuf), args.repeats)
 
-    # 4. TFRecord + parse_example ------------------------------------------------------
+    # TFRecord + parse_example.
     tfr = root / f"criteo_{M}.tfrecord"
     if not tfr.exists():
         t0 = time.perf_counter()
@@ -155,8 +158,16 @@ def main(argv=None):
     ds_tfr = formats.tfrecord_dataset(tfr, B, columns=columns)
     ds_tfr_shuf = formats.tfrecord_dataset(tfr, B, columns=columns,
                                            shuffle_buffer=args.buffer_rows, seed=0)
-    res["tfrecord_rows_per_s"], _ = _time_epochs(lambda: iter(ds_tfr), args.repeats)
-    res["tfrecord_shuffle_rows_per_s"], _ = _time_epochs(lambda: iter(ds_tfr_shuf), args.repeats)
+    pipelines = {"loader": lambda: iter(loader), "loader_noshuffle": lambda: iter(loader_ns),
+                 "loader_tfdata": lambda: iter(ds_wrapped), "items": lambda: iter(ds_items),
+                 "items_shuffle": lambda: iter(ds_items_shuf), "tfrecord": lambda: iter(ds_tfr),
+                 "tfrecord_shuffle": lambda: iter(ds_tfr_shuf)}
+    print("timing (interleaved rounds):")
+    med, all_rates, rows = _time_interleaved(pipelines, args.repeats)
+    assert rows["loader"] == N and rows["items"] == M, rows
+    for k, v in med.items():
+        res[f"{k}_rows_per_s"] = v
+    res["all_rates"] = all_rates
     res["baseline_rows"] = M
 
     # 5. Memory ------------------------------------------------------------------------
