@@ -468,3 +468,54 @@ def test_forward_variants_give_identical_bits(rng):
             assert res[t].tobytes() == results[0][t].tobytes(), f"variant {v} table {t}"
     with pytest.raises(ValueError, match="not a compiled variant"):
         core._set_cuda_forward_variant(3, 3, 3)
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_multi_table_apply_equals_per_table_calls(rng, opt, weighted):
+    """One shared sort for many tables (different sizes, dims, combiners) = one call per table."""
+    dims = [1, 4, 16, 33, 128, 256, 16, 4]
+    n = len(dims)
+    rows = [int(rng.integers(1, 4000)) for _ in dims]
+    ids = [random_csr(rng, int(rng.integers(0, 600)), r, max_nnz=6, zipf=i % 2 == 0) for i, r in enumerate(rows)]
+    offs = [o for o, _ in ids]
+    keys = [k for _, k in ids]
+    ws = [rng.uniform(0.1, 2, size=len(k)).astype(np.float32) for k in keys] if weighted else None
+    combs = ["mean" if i % 3 == 0 else "sum" for i in range(n)]
+    dys = [rng.standard_normal((len(o) - 1, d)).astype(np.float32) for o, d in zip(offs, dims)]
+    states = [_states(rng, r, d) for r, d in zip(rows, dims)]
+    kw = dict(lr=0.02, epsilon=1e-7, beta_1=0.9, beta_2=0.999, step=2)
+
+    def slots(d, i):
+        return dict(accumulator=d[i][1] if opt == "adagrad" else None, m=d[i][1] if opt == "adam" else None,
+                    v=d[i][2] if opt == "adam" else None)
+
+    multi = [[DEV.put(x) for x in st] for st in states]
+    core.lookup_backward_apply_multi_cuda(
+        [d[0] for d in multi], [DEV.put(o) for o in offs], [DEV.put(k) for k in keys],
+        None if ws is None else [DEV.put(w) for w in ws], combs, [DEV.put(dy) for dy in dys], opt,
+        accumulators=[d[1] for d in multi] if opt == "adagrad" else None,
+        m=[d[1] for d in multi] if opt == "adam" else None, v=[d[2] for d in multi] if opt == "adam" else None,
+        stream=DEV.stream(), **kw)
+    single = [[DEV.put(x) for x in st] for st in states]
+    for i in range(n):
+        core.lookup_backward_apply_cuda(single[i][0], DEV.put(offs[i]), DEV.put(keys[i]),
+                                        None if ws is None else DEV.put(ws[i]), combs[i], DEV.put(dys[i]), opt,
+                                        stream=DEV.stream(), **slots(single, i), **kw)
+    for i in range(n):
+        for a, b, name in zip(multi[i], single[i], ["table", "slot1", "slot2"]):
+            x, y = DEV.get(a), DEV.get(b)
+            assert np.isfinite(x).all()
+            assert x.tobytes() == y.tobytes(), f"table {i} (dim {dims[i]}) {name}: multi-table != per-table"
+    # and the CPU path, on one of the tables, within float32 rounding
+    i = 4
+    ck, cg = core.lookup_backward(offs[i], keys[i], None if ws is None else ws[i], combs[i], dys[i], rows[i])
+    ct, c1, c2 = (x.copy() for x in states[i])
+    if opt == "sgd":
+        core.sparse_sgd(ct, ck, cg, kw["lr"])
+    elif opt == "adagrad":
+        core.sparse_adagrad(ct, c1, ck, cg, kw["lr"], kw["epsilon"])
+    else:
+        core.sparse_adam(ct, c1, c2, ck, cg, kw["lr"], kw["beta_1"], kw["beta_2"], kw["epsilon"], kw["step"])
+    for a, c in zip(multi[i], [ct, c1, c2]):
+        np.testing.assert_allclose(DEV.get(a), c, rtol=1e-3, atol=1e-5)

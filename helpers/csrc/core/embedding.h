@@ -211,12 +211,21 @@ struct SparseOptimizer {
 cudaError_t lookup_backward_apply_cuda(const LookupGradArgs& grad, const SparseUpdateArgs& target,
                                        const SparseOptimizer& opt, void* workspace, size_t workspace_bytes,
                                        cudaStream_t stream);
+// The same for several tables at once: up to 32 tables share one sort and one set of launches
+// (table t's keys are offset by the row counts of the tables before it), with the same bits as
+// table-by-table calls. Tables may differ in size, dim, combiner and weights.
+size_t lookup_backward_apply_cuda_workspace(const LookupGradArgs* grads, const SparseUpdateArgs* targets,
+                                            int num_tables, cudaError_t* err = nullptr);
+cudaError_t lookup_backward_apply_cuda(const LookupGradArgs* grads, const SparseUpdateArgs* targets, int num_tables,
+                                       const SparseOptimizer& opt, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream);
 
 // Sparse optimizer updates. Unlike the CPU versions, indices may repeat and come in any order:
 // duplicates are summed first (in input order), as the TensorFlow ops promise. Indices must lie
-// in [0, num_rows) (check with check_ids_cuda, allow_missing = false). Tables run in turn on
-// one workspace of max over tables of sparse_update_cuda_workspace(n, dim, num_rows) bytes.
-size_t sparse_update_cuda_workspace(int64_t n, int64_t dim, int64_t num_rows, cudaError_t* err = nullptr);
+// in [0, num_rows) (check with check_ids_cuda, allow_missing = false). Up to 32 tables share
+// one sort (see the multi-table lookup_backward_apply_cuda); the workspace is
+// sparse_update_cuda_workspace(tables, num_tables) bytes.
+size_t sparse_update_cuda_workspace(const SparseUpdateArgs* tables, int num_tables, cudaError_t* err = nullptr);
 cudaError_t sparse_sgd_cuda(const SparseUpdateArgs* tables, int num_tables, SgdParams p, void* workspace,
                             size_t workspace_bytes, cudaStream_t stream);
 cudaError_t sparse_adagrad_cuda(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, void* workspace,

@@ -281,30 +281,78 @@ __global__ void __launch_bounds__(kBlock) check_ids_kernel(const int64_t* offset
 }
 
 // ============================================================================================
-// Backward machinery
+// Backward machinery (one or several tables per call)
 // ============================================================================================
+//
+// Several tables share one sort: table t's key k becomes the global key key_base[t] + k
+// (key_base = prefix sum of the row counts), its position j the global position pos_base[t] + j
+// and its row r the global row row_base[t] + r. Runs of equal global keys never cross tables,
+// so every per-key sum is exactly the single-table sum, and 26 tables cost the dozen launches
+// of one (per-table launches made a 26-table step slower than PyTorch's).
 
-// Per position j: sort key (the table key, or `sentinel` = num_rows for -1 so that missing keys
-// sort last), payload (row r without weights: all the reduction needs; position j with
-// weights, plus row_of[j]), and for mean the row's weight sum, added in increasing j as the
-// forward did. One thread per row: rows are short, and one-key rows write coalesced.
+struct BwdTable {
+  const int64_t* offsets;  // nullptr: one key per row (the optimizers' index lists)
+  const int64_t* keys;
+  const float* weights;
+  const float* grad_out;   // [batch, dim]
+  float* table;            // the optimizer's target (fused path only)
+  float* slot1;
+  float* slot2;
+  int64_t dim;
+  int64_t key_base;
+  int64_t row_base;
+  int64_t pos_base;
+  int64_t batch;
+  int32_t mean;
+};
+
+struct BwdTables {
+  BwdTable t[kMaxTablesPerLaunch];
+  int32_t n;
+};
+
+__device__ __forceinline__ int table_of_key(const BwdTables& T, int64_t key) {
+  int t = 0;
+  while (t + 1 < T.n && key >= T.t[t + 1].key_base) ++t;
+  return t;
+}
+
+__device__ __forceinline__ int table_of_row(const BwdTables& T, int64_t row) {
+  int t = 0;
+  while (t + 1 < T.n && row >= T.t[t + 1].row_base) ++t;
+  return t;
+}
+
+// Per position: sort key (global key, or `sentinel` = total rows for -1 so that missing keys
+// sort last) and payload (the global row without weights: all the reduction needs; the global
+// position with weights, plus row_of[] and the weight in wbuf[], 1 for unweighted tables).
+// row_scale[row]: the row's weight sum for mean tables (added in increasing j as the forward
+// did), 1 for sum tables: g / 1 and 1 * g are exact, so sum tables keep the CPU's bits.
+// One thread per row: rows are short, and one-key rows write coalesced.
 template <typename K>
-__global__ void prep_rows_kernel(const int64_t* offsets, const int64_t* keys, const float* weights, int64_t batch,
-                                 K sentinel, K* skeys, int32_t* svals, int32_t* row_of, float* row_scale) {
+__global__ void prep_rows_kernel(const __grid_constant__ BwdTables T, int64_t total_batch, K sentinel, K* skeys,
+                                 int32_t* svals, int32_t* row_of, float* wbuf, float* row_scale) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= batch) return;
-  const int64_t b = offsets ? offsets[r] : r;
-  const int64_t e = offsets ? offsets[r + 1] : r + 1;
+  if (r >= total_batch) return;
+  const BwdTable& B = T.t[table_of_row(T, r)];
+  const int64_t lr = r - B.row_base;
+  const int64_t b = B.offsets ? B.offsets[lr] : lr;
+  const int64_t e = B.offsets ? B.offsets[lr + 1] : lr + 1;
   float wsum = 0.f;
   for (int64_t j = b; j < e; ++j) {
-    const int64_t k = keys[j];
+    const int64_t k = B.keys[j];
     const bool valid = k >= 0;
-    skeys[j] = valid ? static_cast<K>(k) : sentinel;
-    svals[j] = static_cast<int32_t>(weights ? j : r);
-    if (row_of) row_of[j] = static_cast<int32_t>(r);
-    if (valid) wsum = __fadd_rn(wsum, weights ? weights[j] : 1.f);
+    const int64_t gpos = B.pos_base + j;
+    const float w = B.weights ? B.weights[j] : 1.f;
+    skeys[gpos] = valid ? static_cast<K>(B.key_base + k) : sentinel;
+    svals[gpos] = static_cast<int32_t>(row_of ? gpos : r);
+    if (row_of) {
+      row_of[gpos] = static_cast<int32_t>(r);
+      wbuf[gpos] = w;
+    }
+    if (valid) wsum = __fadd_rn(wsum, w);
   }
-  if (row_scale) row_scale[r] = wsum;
+  if (row_scale) row_scale[r] = B.mean ? wsum : 1.f;
 }
 
 template <typename K>
@@ -346,41 +394,40 @@ __global__ void scatter_runs_kernel(const K* skeys, const int32_t* rid, int64_t 
 
 template <typename K>
 struct BwdParams {
+  BwdTables T;
   const K* skeys;
   const int32_t* svals;
-  const int32_t* row_of;     // with weights
-  const float* weights;      // nullable
-  const float* row_scale;    // mean only
-  const float* grad_out;     // [batch, dim]
+  const int32_t* row_of;     // with weights: global row of a global position
+  const float* wbuf;         // with weights: weight of a global position
+  const float* row_scale;    // with mean: per global row
   const int32_t* rid;        // inclusive scan of run heads
   const int32_t* run_start;  // [nu + 1]
   int32_t* counters;
   int32_t* long_list;        // hot keys (more than S contributions), in no particular order
-  float* partial;            // [2 * nnz / S + 2, dim]
-  int64_t n;                 // sorted items (nnz)
-  int64_t dim;
+  float* partial;            // [2 * nnz / S + 2, stride]
+  int64_t n;                 // sorted items (total nnz)
+  int64_t stride;            // largest dim: the partial rows' stride and the column space
   int32_t lanes_log2;
   int32_t chunks;
 };
 
-// ---- epilogues: what happens to a finished key's summed row ----------------------------------
+// ---- epilogues: what happens to a finished key's summed row (key is table-local) ----------
 
-struct GradEpi {  // write (for lookup_backward_cuda)
+struct GradEpi {  // write (lookup_backward_cuda, one table)
   float* rows;
-  int64_t dim;
   template <int V>
-  __device__ __forceinline__ void operator()(int64_t /*key*/, int64_t u, int64_t col, const Vec<V>& g) const {
-    vst<V>(rows + u * dim + col, g);
+  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t, int64_t u, int64_t col,
+                                             const Vec<V>& g) const {
+    vst<V>(rows + u * B.dim + col, g);
   }
 };
 
 struct SgdEpi {  // w -= g * lr
-  float* table;
-  int64_t dim;
   float lr;
   template <int V>
-  __device__ __forceinline__ void operator()(int64_t key, int64_t, int64_t col, const Vec<V>& g) const {
-    float* p = table + key * dim + col;
+  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t key, int64_t, int64_t col,
+                                             const Vec<V>& g) const {
+    float* p = B.table + key * B.dim + col;
     Vec<V> w = vld<V>(p);
 #pragma unroll
     for (int i = 0; i < V; ++i) w.v[i] = __fsub_rn(w.v[i], __fmul_rn(g.v[i], lr));
@@ -389,52 +436,50 @@ struct SgdEpi {  // w -= g * lr
 };
 
 struct AdagradEpi {  // acc += g*g; w -= (lr*g) / sqrt(acc + eps)
-  float* table;
-  float* acc;
-  int64_t dim;
   float lr, eps;
   template <int V>
-  __device__ __forceinline__ void operator()(int64_t key, int64_t, int64_t col, const Vec<V>& g) const {
-    const int64_t off = key * dim + col;
-    Vec<V> w = vld<V>(table + off), a = vld<V>(acc + off);
+  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t key, int64_t, int64_t col,
+                                             const Vec<V>& g) const {
+    const int64_t off = key * B.dim + col;
+    Vec<V> w = vld<V>(B.table + off), a = vld<V>(B.slot1 + off);
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       a.v[i] = __fadd_rn(a.v[i], __fmul_rn(g.v[i], g.v[i]));
       w.v[i] = __fsub_rn(w.v[i], __fdiv_rn(__fmul_rn(lr, g.v[i]), __fsqrt_rn(__fadd_rn(a.v[i], eps))));
     }
-    vst<V>(acc + off, a);
-    vst<V>(table + off, w);
+    vst<V>(B.slot1 + off, a);
+    vst<V>(B.table + off, w);
   }
 };
 
 struct AdamEpi {  // Keras order: m += (g-m)(1-b1); v += (g*g-v)(1-b2); w -= (m*alpha)/(sqrt(v)+eps)
-  float* table;
-  float* m;
-  float* v;
-  int64_t dim;
   float alpha, one_b1, one_b2, eps;
   template <int V>
-  __device__ __forceinline__ void operator()(int64_t key, int64_t, int64_t col, const Vec<V>& g) const {
-    const int64_t off = key * dim + col;
-    Vec<V> w = vld<V>(table + off), mm = vld<V>(m + off), vv = vld<V>(v + off);
+  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t key, int64_t, int64_t col,
+                                             const Vec<V>& g) const {
+    const int64_t off = key * B.dim + col;
+    Vec<V> w = vld<V>(B.table + off), mm = vld<V>(B.slot1 + off), vv = vld<V>(B.slot2 + off);
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       mm.v[i] = __fadd_rn(mm.v[i], __fmul_rn(__fsub_rn(g.v[i], mm.v[i]), one_b1));
       vv.v[i] = __fadd_rn(vv.v[i], __fmul_rn(__fsub_rn(__fmul_rn(g.v[i], g.v[i]), vv.v[i]), one_b2));
       w.v[i] = __fsub_rn(w.v[i], __fdiv_rn(__fmul_rn(mm.v[i], alpha), __fadd_rn(__fsqrt_rn(vv.v[i]), eps)));
     }
-    vst<V>(m + off, mm);
-    vst<V>(v + off, vv);
-    vst<V>(table + off, w);
+    vst<V>(B.slot1 + off, mm);
+    vst<V>(B.slot2 + off, vv);
+    vst<V>(B.table + off, w);
   }
 };
 
-// Sum of sorted items [s, e) for one column block, in increasing position: the contribution of
-// item i is w_j * g[row] (mean: w_j * (g[row] / wsum_row)), exactly the CPU's expression.
+// Sum of sorted items [s, e) (all of table B) for one column block, in increasing position:
+// item i contributes w_j * (g[row] / scale_row), exactly the CPU's expression (w = 1 and
+// scale = 1 where the table has no weights or sums: both exact).
 template <int V, typename K>
-__device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, int64_t s, int64_t e, int64_t col, bool mean) {
+__device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, const BwdTable& B, int64_t s, int64_t e,
+                                            int64_t col, bool mean) {
   Vec<V> acc = vzero<V>();
-  const int64_t dim = p.dim;
+  const int64_t dim = B.dim;
+  const float* gbase = B.grad_out + col;
   int64_t i = s;
   for (; i + 4 <= e; i += 4) {
     int32_t r[4];
@@ -443,12 +488,12 @@ __device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, int64_t s, in
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int32_t v = __ldg(p.svals + i + u);
-      r[u] = p.weights ? __ldg(p.row_of + v) : v;
-      w[u] = p.weights ? __ldg(p.weights + v) : 1.f;
+      r[u] = p.wbuf ? __ldg(p.row_of + v) : v;
+      w[u] = p.wbuf ? __ldg(p.wbuf + v) : 1.f;
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      g[u] = vldg<V>(p.grad_out + static_cast<int64_t>(r[u]) * dim + col);
+      g[u] = vldg<V>(gbase + (static_cast<int64_t>(r[u]) - B.row_base) * dim);
       sc[u] = mean ? __ldg(p.row_scale + r[u]) : 1.f;
     }
 #pragma unroll
@@ -462,9 +507,9 @@ __device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, int64_t s, in
   }
   for (; i < e; ++i) {
     const int32_t v = __ldg(p.svals + i);
-    const int32_t r = p.weights ? __ldg(p.row_of + v) : v;
-    const float w = p.weights ? __ldg(p.weights + v) : 1.f;
-    Vec<V> g = vldg<V>(p.grad_out + static_cast<int64_t>(r) * dim + col);
+    const int32_t r = p.wbuf ? __ldg(p.row_of + v) : v;
+    const float w = p.wbuf ? __ldg(p.wbuf + v) : 1.f;
+    Vec<V> g = vldg<V>(gbase + (static_cast<int64_t>(r) - B.row_base) * dim);
     if (mean) {
       const float sc = __ldg(p.row_scale + r);
 #pragma unroll
@@ -480,7 +525,8 @@ __device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, int64_t s, in
 // disjoint between keys because a hot key spans more than S items (so its successor starts at
 // least one chunk later, and 2*floor(cnt/S) >= ceil(cnt/S)).
 template <int V, typename K, typename Epi>
-__global__ void __launch_bounds__(kBlock) reduce_segments_kernel(const BwdParams<K> p, const Epi epi, bool mean) {
+__global__ void __launch_bounds__(kBlock, 4) reduce_segments_kernel(const __grid_constant__ BwdParams<K> p,
+                                                                 const Epi epi, bool mean) {
   const int lg = p.lanes_log2;
   const int lane = threadIdx.x & ((1 << lg) - 1);
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (kBlock >> lg) + (threadIdx.x >> lg);
@@ -490,7 +536,7 @@ __global__ void __launch_bounds__(kBlock) reduce_segments_kernel(const BwdParams
   const int64_t nvalid = p.counters[1];
   const int32_t nu = p.counters[0];
   const int64_t start = g * S;
-  if (start >= nvalid || col >= p.dim) return;
+  if (start >= nvalid || col >= p.stride) return;
   const int64_t end = min(start + S, nvalid);
   int32_t u = __ldg(p.rid + start) - 1;
   int64_t a = p.run_start[u], b = p.run_start[u + 1];
@@ -505,13 +551,17 @@ __global__ void __launch_bounds__(kBlock) reduce_segments_kernel(const BwdParams
       seg = a;
     }
     if (seg >= end) break;
-    const Vec<V> acc = sum_items<V, K>(p, seg, min(seg + S, b), col, mean);
-    if (b - a <= S) {
-      epi.template operator()<V>(static_cast<int64_t>(p.skeys[a]), u, col, acc);
-    } else {
-      vst<V>(p.partial + (2 * (a / S) + piece) * p.dim + col, acc);
-      if (piece == 0 && lane == 0 && chunk == 0) p.long_list[atomicAdd(&p.counters[2], 1)] = u;
+    const int64_t gkey = static_cast<int64_t>(p.skeys[a]);
+    const BwdTable& B = p.T.t[table_of_key(p.T, gkey)];
+    if (col < B.dim) {
+      const Vec<V> acc = sum_items<V, K>(p, B, seg, min(seg + S, b), col, mean);
+      if (b - a <= S) {
+        epi.template operator()<V>(B, gkey - B.key_base, u, col, acc);
+      } else {
+        vst<V>(p.partial + (2 * (a / S) + piece) * p.stride + col, acc);
+      }
     }
+    if (b - a > S && piece == 0 && lane == 0 && chunk == 0) p.long_list[atomicAdd(&p.counters[2], 1)] = u;
     seg += S;
     ++piece;
   }
@@ -521,7 +571,8 @@ __global__ void __launch_bounds__(kBlock) reduce_segments_kernel(const BwdParams
 // contiguous slice of the key's partial sums in order, then group 0 adds the Q slice sums in
 // order. The tree depends on the partial count only, never on timing: deterministic bits.
 template <int V, typename K, typename Epi>
-__global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const BwdParams<K> p, const Epi epi) {
+__global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const __grid_constant__ BwdParams<K> p,
+                                                                const Epi epi) {
   __shared__ Vec<V> slice_sum[kTreeBlock];
   const int lg = p.lanes_log2;
   const int L = 1 << lg;
@@ -534,34 +585,91 @@ __global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const BwdParams<
     const int64_t a = p.run_start[u], b = p.run_start[u + 1];
     const int64_t nseg = (b - a + S - 1) / S;
     const int64_t per = (nseg + Q - 1) / Q;
-    const float* base = p.partial + 2 * (a / S) * p.dim;
-    const int64_t key = static_cast<int64_t>(p.skeys[a]);
+    const float* base = p.partial + 2 * (a / S) * p.stride;
+    const int64_t gkey = static_cast<int64_t>(p.skeys[a]);
+    const BwdTable& B = p.T.t[table_of_key(p.T, gkey)];
     for (int32_t c = 0; c < p.chunks; ++c) {
       const int64_t col = (static_cast<int64_t>(c) * L + lane) * V;
       Vec<V> acc = vzero<V>();
-      if (col < p.dim) {
+      if (col < B.dim) {
         const int64_t s0 = min(nseg, q * per), s1 = min(nseg, s0 + per);
-        for (int64_t s = s0; s < s1; ++s) vadd(acc, vld<V>(base + s * p.dim + col));
+        for (int64_t s = s0; s < s1; ++s) vadd(acc, vld<V>(base + s * p.stride + col));
       }
       slice_sum[threadIdx.x] = acc;
       __syncthreads();
-      if (q == 0 && col < p.dim) {
+      if (q == 0 && col < B.dim) {
         Vec<V> tot = vzero<V>();
         for (int qq = 0; qq < Q; ++qq) vadd(tot, slice_sum[qq * L + lane]);
-        epi.template operator()<V>(key, u, col, tot);
+        epi.template operator()<V>(B, gkey - B.key_base, u, col, tot);
       }
       __syncthreads();
     }
   }
 }
 
-// ---- workspace layout ----------------------------------------------------------------------
+// ---- host side -----------------------------------------------------------------------------
 
 inline size_t align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
+inline bool wide_keys(int64_t num_rows) { return num_rows >= int64_t{0xFFFFFFFF}; }
+
+inline int key_bits(int64_t num_rows) {  // bits of the sentinel num_rows
+  int bits = 1;
+  while (bits < 63 && (int64_t{1} << bits) <= num_rows) ++bits;
+  return bits;
+}
+
+bool rows_aligned(const float* p, int64_t dim) { return p == nullptr || dim % 4 != 0 || aligned16(p); }
+
+// One launch group (<= kMaxTablesPerLaunch tables) as device-side descriptors plus totals.
+struct BwdGroup {
+  BwdTables T;
+  int64_t batch = 0, nnz = 0, rows = 0, stride = 1;
+  bool weights = false, mean = false, vec4 = true;
+};
+
+cudaError_t make_group(const LookupGradArgs* g, const SparseUpdateArgs* targets, int n, BwdGroup* G) {
+  if (n < 1 || n > kMaxTablesPerLaunch) return cudaErrorInvalidValue;
+  std::memset(&G->T, 0, sizeof(G->T));
+  G->T.n = n;
+  for (int t = 0; t < n; ++t) {
+    BwdTable& B = G->T.t[t];
+    const LookupGradArgs& a = g[t];
+    if (a.ids.row_offsets == nullptr && a.ids.batch != a.ids.nnz) return cudaErrorInvalidValue;
+    if (a.dim < 1 || a.ids.batch < 0 || a.ids.nnz < 0) return cudaErrorInvalidValue;
+    B.offsets = a.ids.row_offsets;
+    B.keys = a.ids.keys;
+    B.weights = a.ids.weights;
+    B.grad_out = a.grad_out;
+    B.dim = a.dim;
+    B.batch = a.ids.batch;
+    B.mean = a.combiner == Combiner::kMean;
+    B.key_base = G->rows;
+    B.row_base = G->batch;
+    B.pos_base = G->nnz;
+    const int64_t num_rows = targets ? targets[t].num_rows : 0;
+    if (targets) {
+      if (targets[t].dim != a.dim) return cudaErrorInvalidValue;
+      B.table = targets[t].table;
+      B.slot1 = targets[t].slot1;
+      B.slot2 = targets[t].slot2;
+    }
+    G->batch += a.ids.batch;
+    G->nnz += a.ids.nnz;
+    G->rows += num_rows;
+    G->stride = std::max(G->stride, a.dim);
+    G->weights |= a.ids.weights != nullptr;
+    G->mean |= B.mean;
+    G->vec4 &= a.dim % 4 == 0 && aligned16(a.grad_out) && rows_aligned(B.table, a.dim) &&
+               rows_aligned(B.slot1, a.dim) && rows_aligned(B.slot2, a.dim);
+  }
+  if (G->nnz >= (int64_t{1} << 31) - 1 || G->batch >= (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 struct BwdLayout {
-  size_t skeys_in, skeys_out, svals_in, svals_out, row_of, row_scale, flags, rid, run_start, counters, long_list,
-      partial, cub, total;
+  size_t skeys_in, skeys_out, svals_in, svals_out, row_of, wbuf, row_scale, flags, rid, run_start, counters,
+      long_list, partial, cub, total;
 };
 
 template <typename K>
@@ -577,15 +685,7 @@ cudaError_t cub_bytes(int64_t nnz, int end_bit, size_t* bytes) {
   return cudaSuccess;
 }
 
-inline bool wide_keys(int64_t num_rows) { return num_rows >= int64_t{0xFFFFFFFF}; }
-
-inline int key_bits(int64_t num_rows) {  // bits of the sentinel num_rows
-  int bits = 1;
-  while (bits < 63 && (int64_t{1} << bits) <= num_rows) ++bits;
-  return bits;
-}
-
-cudaError_t bwd_layout(int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows, BwdLayout* L) {
+cudaError_t bwd_layout(int64_t batch, int64_t nnz, int64_t stride, int64_t num_rows, BwdLayout* L) {
   if (nnz >= (int64_t{1} << 31) - 1 || batch >= (int64_t{1} << 31) - 1) return cudaErrorInvalidValue;
   const size_t ksz = wide_keys(num_rows) ? 8 : 4;
   const size_t n = static_cast<size_t>(std::max<int64_t>(nnz, 1));
@@ -606,13 +706,14 @@ cudaError_t bwd_layout(int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows
   L->svals_in = take(n * 4);
   L->svals_out = take(n * 4);
   L->row_of = take(n * 4);
+  L->wbuf = take(n * 4);
   L->row_scale = take(static_cast<size_t>(std::max<int64_t>(batch, 1)) * 4);
   L->flags = take(n * 4);
   L->rid = take(n * 4);
   L->run_start = take((n + 1) * 4);
   L->counters = take(4 * 4);
   L->long_list = take((n / (S + 1) + 1) * 4);
-  L->partial = take((2 * (n / S) + 2) * static_cast<size_t>(std::max<int64_t>(dim, 1)) * 4);
+  L->partial = take((2 * (n / S) + 2) * static_cast<size_t>(std::max<int64_t>(stride, 1)) * 4);
   L->cub = take(std::max<size_t>(cub, 1));
   L->total = off;
   return cudaSuccess;
@@ -651,16 +752,14 @@ cudaError_t launch_reduce(const BwdParams<K>& p, const Epi& epi, bool mean, cuda
 }
 
 // Sort, number the runs, then reduce with the epilogue. unique_keys/num_unique: only for the
-// plain backward (nullptr otherwise).
+// plain backward (nullptr otherwise). key_space: the sentinel (total rows, or the key bound).
 template <typename K, typename Epi>
-cudaError_t backward_impl(const LookupGradArgs& g, int64_t num_rows, const Epi& epi, int64_t* unique_keys,
+cudaError_t backward_impl(const BwdGroup& G, int64_t key_space, const Epi& epi, int64_t* unique_keys,
                           int64_t* num_unique, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  const CsrIds& ids = g.ids;
-  const int64_t nnz = ids.nnz, batch = ids.batch, dim = g.dim;
+  const int64_t nnz = G.nnz, batch = G.batch;
   BwdLayout L;
-  EL_TRY(bwd_layout(batch, nnz, dim, num_rows, &L));
+  EL_TRY(bwd_layout(batch, nnz, G.stride, key_space, &L));
   if (workspace_bytes < L.total || (nnz > 0 && workspace == nullptr)) return cudaErrorInvalidValue;
-  if (ids.row_offsets == nullptr && batch != nnz) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
   int32_t* counters = reinterpret_cast<int32_t*>(ws + L.counters);
   EL_TRY(cudaMemsetAsync(counters, 0, 4 * sizeof(int32_t), stream));
@@ -672,82 +771,95 @@ cudaError_t backward_impl(const LookupGradArgs& g, int64_t num_rows, const Epi& 
   K* skeys = reinterpret_cast<K*>(ws + L.skeys_out);
   int32_t* svals_in = reinterpret_cast<int32_t*>(ws + L.svals_in);
   int32_t* svals = reinterpret_cast<int32_t*>(ws + L.svals_out);
-  int32_t* row_of = ids.weights ? reinterpret_cast<int32_t*>(ws + L.row_of) : nullptr;
-  const bool mean = g.combiner == Combiner::kMean;
-  float* row_scale = mean ? reinterpret_cast<float*>(ws + L.row_scale) : nullptr;
+  int32_t* row_of = G.weights ? reinterpret_cast<int32_t*>(ws + L.row_of) : nullptr;
+  float* wbuf = G.weights ? reinterpret_cast<float*>(ws + L.wbuf) : nullptr;
+  float* row_scale = G.mean ? reinterpret_cast<float*>(ws + L.row_scale) : nullptr;
   int32_t* flags = reinterpret_cast<int32_t*>(ws + L.flags);
   int32_t* rid = reinterpret_cast<int32_t*>(ws + L.rid);
   int32_t* run_start = reinterpret_cast<int32_t*>(ws + L.run_start);
-  const K sentinel = static_cast<K>(num_rows);
+  const K sentinel = static_cast<K>(key_space);
   const int n = static_cast<int>(nnz);
   const unsigned row_blocks = static_cast<unsigned>((batch + kBlock - 1) / kBlock);
   const unsigned item_blocks = static_cast<unsigned>((nnz + kBlock - 1) / kBlock);
 
   if (row_blocks > 0) {
-    prep_rows_kernel<K><<<row_blocks, kBlock, 0, stream>>>(ids.row_offsets, ids.keys, ids.weights, batch, sentinel,
-                                                           skeys_in, svals_in, row_of, row_scale);
+    prep_rows_kernel<K><<<row_blocks, kBlock, 0, stream>>>(G.T, batch, sentinel, skeys_in, svals_in, row_of, wbuf,
+                                                           row_scale);
     EL_TRY(cudaGetLastError());
   }
-  size_t cub_bytes_avail = L.total - L.cub;
   void* cub_tmp = ws + L.cub;
+  size_t cub_avail = L.total - L.cub;
   // Stable LSD radix sort over only the bits the sentinel needs: equal keys keep position order.
-  EL_TRY(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_bytes_avail, skeys_in, skeys, svals_in, svals, n, 0,
-                                         key_bits(num_rows), stream));
+  EL_TRY(cub::DeviceRadixSort::SortPairs(cub_tmp, cub_avail, skeys_in, skeys, svals_in, svals, n, 0,
+                                         key_bits(key_space), stream));
   heads_kernel<K><<<item_blocks, kBlock, 0, stream>>>(skeys, nnz, sentinel, flags);
   EL_TRY(cudaGetLastError());
-  cub_bytes_avail = L.total - L.cub;
-  EL_TRY(cub::DeviceScan::InclusiveSum(cub_tmp, cub_bytes_avail, flags, rid, n, stream));
+  cub_avail = L.total - L.cub;
+  EL_TRY(cub::DeviceScan::InclusiveSum(cub_tmp, cub_avail, flags, rid, n, stream));
   scatter_runs_kernel<K><<<item_blocks, kBlock, 0, stream>>>(skeys, rid, nnz, sentinel, run_start, unique_keys,
                                                              num_unique, counters);
   EL_TRY(cudaGetLastError());
 
   BwdParams<K> p;
+  p.T = G.T;
   p.skeys = skeys;
   p.svals = svals;
   p.row_of = row_of;
-  p.weights = ids.weights;
+  p.wbuf = wbuf;
   p.row_scale = row_scale;
-  p.grad_out = g.grad_out;
   p.rid = rid;
   p.run_start = run_start;
   p.counters = counters;
   p.long_list = reinterpret_cast<int32_t*>(ws + L.long_list);
   p.partial = reinterpret_cast<float*>(ws + L.partial);
   p.n = nnz;
-  p.dim = dim;
-  // 16-byte path when every row (grad_out, partials, table/slots via the epilogue) is aligned.
-  const bool vec4 = dim % 4 == 0 && aligned16(g.grad_out);
-  const int64_t vecs = vec4 ? dim / 4 : dim;
+  p.stride = G.stride;
+  const int64_t vecs = G.vec4 ? G.stride / 4 : G.stride;
   p.lanes_log2 = log2_lanes_for(vecs);
   p.chunks = static_cast<int32_t>((vecs + (1 << p.lanes_log2) - 1) >> p.lanes_log2);
-  return vec4 ? launch_reduce<4, K, Epi>(p, epi, mean, stream) : launch_reduce<1, K, Epi>(p, epi, mean, stream);
+  return G.vec4 ? launch_reduce<4, K, Epi>(p, epi, G.mean, stream) : launch_reduce<1, K, Epi>(p, epi, G.mean, stream);
 }
 
 template <typename Epi>
-cudaError_t backward_dispatch(const LookupGradArgs& g, int64_t num_rows, const Epi& epi, int64_t* unique_keys,
+cudaError_t backward_dispatch(const BwdGroup& G, int64_t key_space, const Epi& epi, int64_t* unique_keys,
                               int64_t* num_unique, void* ws, size_t ws_bytes, cudaStream_t stream) {
-  if (wide_keys(num_rows))
-    return backward_impl<uint64_t, Epi>(g, num_rows, epi, unique_keys, num_unique, ws, ws_bytes, stream);
-  return backward_impl<uint32_t, Epi>(g, num_rows, epi, unique_keys, num_unique, ws, ws_bytes, stream);
+  if (wide_keys(key_space))
+    return backward_impl<uint64_t, Epi>(G, key_space, epi, unique_keys, num_unique, ws, ws_bytes, stream);
+  return backward_impl<uint32_t, Epi>(G, key_space, epi, unique_keys, num_unique, ws, ws_bytes, stream);
 }
 
-bool rows_aligned(const float* p, int64_t dim) { return p == nullptr || dim % 4 != 0 || aligned16(p); }
-
 // Adam's step size, computed on the host exactly as sparse_adam_cpu does.
-AdamEpi adam_epi(const SparseUpdateArgs& t, const AdamParams& p) {
+AdamEpi adam_epi(const AdamParams& p) {
   const float ts = static_cast<float>(p.step);
   const float b1p = std::pow(static_cast<float>(p.beta1), ts);
   const float b2p = std::pow(static_cast<float>(p.beta2), ts);
   AdamEpi e;
-  e.table = t.table;
-  e.m = t.slot1;
-  e.v = t.slot2;
-  e.dim = t.dim;
   e.alpha = p.lr * std::sqrt(1.f - b2p) / (1.f - b1p);
   e.one_b1 = static_cast<float>(1.0 - p.beta1);  // Keras: 1 - beta in double, rounded once
   e.one_b2 = static_cast<float>(1.0 - p.beta2);
   e.eps = p.epsilon;
   return e;
+}
+
+cudaError_t apply_group(const BwdGroup& G, const SparseOptimizer& opt, void* ws, size_t ws_bytes,
+                        cudaStream_t stream) {
+  for (int t = 0; t < G.T.n; ++t) {
+    const BwdTable& B = G.T.t[t];
+    if (B.table == nullptr || (opt.kind == OptimizerKind::kAdagrad && B.slot1 == nullptr) ||
+        (opt.kind == OptimizerKind::kAdam && (B.slot1 == nullptr || B.slot2 == nullptr)))
+      return cudaErrorInvalidValue;
+  }
+  switch (opt.kind) {
+    case OptimizerKind::kSgd:
+      return backward_dispatch(G, G.rows, SgdEpi{opt.sgd.lr}, nullptr, nullptr, ws, ws_bytes, stream);
+    case OptimizerKind::kAdagrad:
+      return backward_dispatch(G, G.rows, AdagradEpi{opt.adagrad.lr, opt.adagrad.epsilon}, nullptr, nullptr, ws,
+                               ws_bytes, stream);
+    case OptimizerKind::kAdam:
+      if (opt.adam.step < 1) return cudaErrorInvalidValue;
+      return backward_dispatch(G, G.rows, adam_epi(opt.adam), nullptr, nullptr, ws, ws_bytes, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 // Forward variants (rows per group R, key unroll U, min blocks per SM); see forward_kernel.
@@ -940,59 +1052,74 @@ size_t lookup_backward_cuda_workspace(int64_t batch, int64_t nnz, int64_t dim, i
 
 cudaError_t lookup_backward_cuda(const LookupGradArgs& args, int64_t num_rows, int64_t* unique_keys, float* rows,
                                  int64_t* num_unique, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (!rows_aligned(rows, args.dim) && aligned16(args.grad_out)) return cudaErrorMisalignedAddress;
-  GradEpi epi{rows, args.dim};
-  return backward_dispatch(args, num_rows, epi, unique_keys, num_unique, workspace, workspace_bytes, stream);
+  BwdGroup G;
+  EL_TRY(make_group(&args, nullptr, 1, &G));
+  G.vec4 &= rows_aligned(rows, args.dim);
+  return backward_dispatch(G, num_rows, GradEpi{rows}, unique_keys, num_unique, workspace, workspace_bytes, stream);
 }
 
-cudaError_t lookup_backward_apply_cuda(const LookupGradArgs& grad, const SparseUpdateArgs& t, const SparseOptimizer& opt,
-                                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
-  if (t.dim != grad.dim) return cudaErrorInvalidValue;
-  // The 16-byte path is chosen from grad_out's alignment; the table rows must then agree.
-  if (aligned16(grad.grad_out) &&
-      !(rows_aligned(t.table, t.dim) && rows_aligned(t.slot1, t.dim) && rows_aligned(t.slot2, t.dim)))
-    return cudaErrorMisalignedAddress;
-  switch (opt.kind) {
-    case OptimizerKind::kSgd: {
-      SgdEpi e{t.table, t.dim, opt.sgd.lr};
-      return backward_dispatch(grad, t.num_rows, e, nullptr, nullptr, workspace, workspace_bytes, stream);
+size_t lookup_backward_apply_cuda_workspace(const LookupGradArgs* grads, const SparseUpdateArgs* targets,
+                                            int num_tables, cudaError_t* err) {
+  size_t most = 0;
+  for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
+    BwdGroup G;
+    BwdLayout L;
+    cudaError_t e = make_group(grads + t0, targets + t0, std::min(kMaxTablesPerLaunch, num_tables - t0), &G);
+    if (e == cudaSuccess) e = bwd_layout(G.batch, G.nnz, G.stride, G.rows, &L);
+    if (e != cudaSuccess) {
+      if (err) *err = e;
+      return 0;
     }
-    case OptimizerKind::kAdagrad: {
-      if (t.slot1 == nullptr) return cudaErrorInvalidValue;
-      AdagradEpi e{t.table, t.slot1, t.dim, opt.adagrad.lr, opt.adagrad.epsilon};
-      return backward_dispatch(grad, t.num_rows, e, nullptr, nullptr, workspace, workspace_bytes, stream);
-    }
-    case OptimizerKind::kAdam: {
-      if (t.slot1 == nullptr || t.slot2 == nullptr || opt.adam.step < 1) return cudaErrorInvalidValue;
-      return backward_dispatch(grad, t.num_rows, adam_epi(t, opt.adam), nullptr, nullptr, workspace, workspace_bytes,
-                               stream);
-    }
+    most = std::max(most, L.total);
   }
-  return cudaErrorInvalidValue;
+  if (err) *err = cudaSuccess;
+  return most;
 }
 
-size_t sparse_update_cuda_workspace(int64_t n, int64_t dim, int64_t num_rows, cudaError_t* err) {
-  return lookup_backward_cuda_workspace(n, n, dim, num_rows, err);
-}
-
-namespace {
-cudaError_t sparse_update(const SparseUpdateArgs* tables, int num_tables, const SparseOptimizer& opt, void* ws,
-                          size_t ws_bytes, cudaStream_t stream) {
-  for (int t = 0; t < num_tables; ++t) {
-    const SparseUpdateArgs& a = tables[t];
-    LookupGradArgs g;
-    g.ids.row_offsets = nullptr;  // one index per "row": grads[i] belongs to indices[i]
-    g.ids.keys = a.indices;
-    g.ids.batch = a.n;
-    g.ids.nnz = a.n;
-    g.combiner = Combiner::kSum;
-    g.dim = a.dim;
-    g.grad_out = a.grads;
-    EL_TRY(lookup_backward_apply_cuda(g, a, opt, ws, ws_bytes, stream));
+cudaError_t lookup_backward_apply_cuda(const LookupGradArgs* grads, const SparseUpdateArgs* targets, int num_tables,
+                                       const SparseOptimizer& opt, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream) {
+  for (int t0 = 0; t0 < num_tables; t0 += kMaxTablesPerLaunch) {
+    BwdGroup G;
+    EL_TRY(make_group(grads + t0, targets + t0, std::min(kMaxTablesPerLaunch, num_tables - t0), &G));
+    EL_TRY(apply_group(G, opt, workspace, workspace_bytes, stream));
   }
   return cudaSuccess;
 }
+
+cudaError_t lookup_backward_apply_cuda(const LookupGradArgs& grad, const SparseUpdateArgs& target,
+                                       const SparseOptimizer& opt, void* workspace, size_t workspace_bytes,
+                                       cudaStream_t stream) {
+  return lookup_backward_apply_cuda(&grad, &target, 1, opt, workspace, workspace_bytes, stream);
+}
+
+namespace {
+// The optimizers' (index, grad row) lists as "one key per row" gradient args.
+std::vector<LookupGradArgs> index_grads(const SparseUpdateArgs* tables, int num_tables) {
+  std::vector<LookupGradArgs> g(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    g[t].ids.row_offsets = nullptr;
+    g[t].ids.keys = tables[t].indices;
+    g[t].ids.batch = tables[t].n;
+    g[t].ids.nnz = tables[t].n;
+    g[t].combiner = Combiner::kSum;
+    g[t].dim = tables[t].dim;
+    g[t].grad_out = tables[t].grads;
+  }
+  return g;
+}
+
+cudaError_t sparse_update(const SparseUpdateArgs* tables, int num_tables, const SparseOptimizer& opt, void* ws,
+                          size_t ws_bytes, cudaStream_t stream) {
+  const std::vector<LookupGradArgs> g = index_grads(tables, num_tables);
+  return lookup_backward_apply_cuda(g.data(), tables, num_tables, opt, ws, ws_bytes, stream);
+}
 }  // namespace
+
+size_t sparse_update_cuda_workspace(const SparseUpdateArgs* tables, int num_tables, cudaError_t* err) {
+  const std::vector<LookupGradArgs> g = index_grads(tables, num_tables);
+  return lookup_backward_apply_cuda_workspace(g.data(), tables, num_tables, err);
+}
 
 cudaError_t sparse_sgd_cuda(const SparseUpdateArgs* tables, int num_tables, SgdParams p, void* ws, size_t ws_bytes,
                             cudaStream_t stream) {

@@ -406,6 +406,94 @@ void register_cuda(nb::module_& m) {
       "the gradient is never materialized. Same bits as lookup_backward_cuda followed by sparse_<opt>_cuda.");
 
   m.def(
+      "lookup_backward_apply_multi_cuda_workspace_size",
+      [](const std::vector<int64_t>& batches, const std::vector<int64_t>& nnzs, const std::vector<int64_t>& dims,
+         const std::vector<int64_t>& num_rows) {
+        const char* fn = "lookup_backward_apply_multi_cuda_workspace_size";
+        const size_t n = batches.size();
+        if (nnzs.size() != n || dims.size() != n || num_rows.size() != n)
+          fail(fn, "batches, nnzs, dims and num_rows must have the same length");
+        std::vector<LookupGradArgs> g(n);
+        std::vector<SparseUpdateArgs> t(n);
+        for (size_t i = 0; i < n; ++i) {
+          g[i].ids.batch = batches[i];
+          g[i].ids.nnz = nnzs[i];
+          g[i].ids.row_offsets = reinterpret_cast<const int64_t*>(16);  // sizes only: never read
+          g[i].dim = t[i].dim = dims[i];
+          t[i].num_rows = num_rows[i];
+        }
+        cudaError_t e = cudaSuccess;
+        const size_t bytes = lookup_backward_apply_cuda_workspace(g.data(), t.data(), static_cast<int>(n), &e);
+        cuda_check(fn, e, "the workspace size query (sizes: < 2^31 keys in all, dims >= 1)");
+        return std::max(bytes, check_ids_cuda_workspace());
+      },
+      nb::arg("batches"), nb::arg("nnzs"), nb::arg("dims"), nb::arg("num_rows"),
+      "Bytes of scratch for lookup_backward_apply_multi_cuda over tables of these sizes (needs a GPU).");
+
+  m.def(
+      "lookup_backward_apply_multi_cuda",
+      [](const std::vector<Arr>& tables, const std::vector<Arr>& offsets, const std::vector<Arr>& keys,
+         const std::optional<std::vector<Arr>>& weights, const std::vector<std::string>& combiners,
+         const std::vector<Arr>& grad_outs, const std::string& optimizer, float lr,
+         const std::optional<std::vector<Arr>>& accumulators, const std::optional<std::vector<Arr>>& ms,
+         const std::optional<std::vector<Arr>>& vs, float epsilon, double beta_1, double beta_2, int64_t step,
+         uintptr_t stream_i, bool check, const std::optional<Arr>& workspace) {
+        const char* fn = "lookup_backward_apply_multi_cuda";
+        const size_t n = tables.size();
+        auto same = [&](const std::optional<std::vector<Arr>>& l) { return !l || l->size() == n; };
+        if (offsets.size() != n || keys.size() != n || combiners.size() != n || grad_outs.size() != n ||
+            !same(weights) || !same(accumulators) || !same(ms) || !same(vs))
+          fail(fn, "tables, row_offsets, keys, combiners, grad_outs (and weights / slots) must have the same length");
+        const SparseOptimizer o = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step);
+        if (o.kind == OptimizerKind::kAdagrad && !accumulators) fail(fn, "adagrad needs accumulators");
+        if (o.kind == OptimizerKind::kAdam && (!ms || !vs)) fail(fn, "adam needs m and v");
+        DeviceGuard dev{fn};
+        std::vector<LookupGradArgs> g(n);
+        std::vector<SparseUpdateArgs> t(n);
+        for (size_t i = 0; i < n; ++i) {
+          const std::string sfx = "[" + std::to_string(i) + "]";
+          auto opt_at = [&](const std::optional<std::vector<Arr>>& l) {
+            return l ? std::optional<Arr>((*l)[i]) : std::nullopt;
+          };
+          g[i].ids = csr_of(fn, dev, sfx, offsets[i], keys[i], opt_at(weights));
+          g[i].combiner = combiner_of(fn, combiners[i]);
+          dev.add(expect<float>(fn, "grad_outs" + sfx, grad_outs[i], 2));
+          if (grad_outs[i].shape(0) != static_cast<size_t>(g[i].ids.batch))
+            fail(fn, "grad_outs" + sfx + " has " + std::to_string(grad_outs[i].shape(0)) + " rows, ids have " +
+                         std::to_string(g[i].ids.batch));
+          g[i].dim = static_cast<int64_t>(grad_outs[i].shape(1));
+          g[i].grad_out = ptr<const float>(grad_outs[i]);
+          t[i] = o.kind == OptimizerKind::kAdagrad ? target_of(fn, dev, tables[i], opt_at(accumulators), "accumulator", {}, "")
+                                                   : target_of(fn, dev, tables[i], opt_at(ms), "m", opt_at(vs), "v");
+          if (t[i].dim != g[i].dim)
+            fail(fn, "grad_outs" + sfx + " has " + std::to_string(g[i].dim) + " columns, tables" + sfx + " " +
+                         std::to_string(t[i].dim));
+        }
+        if (n == 0) return;
+        const cudaStream_t stream = as_stream(stream_i);
+        dev.activate();
+        cudaError_t e = cudaSuccess;
+        const size_t need = lookup_backward_apply_cuda_workspace(g.data(), t.data(), static_cast<int>(n), &e);
+        cuda_check(fn, e, "the workspace size query (< 2^31 keys and rows per 32 tables, dims >= 1)");
+        Workspace ws(fn, workspace, std::max(need, check_ids_cuda_workspace()), stream, dev);
+        if (check)
+          for (size_t i = 0; i < n; ++i)
+            check_on_device(fn, "table " + std::to_string(i), g[i].ids, t[i].num_rows, true, ws.get(), stream);
+        {
+          nb::gil_scoped_release r;
+          e = lookup_backward_apply_cuda(g.data(), t.data(), static_cast<int>(n), o, ws.get(), ws.bytes(), stream);
+        }
+        cuda_check(fn, e, "the update");
+      },
+      nb::arg("tables"), nb::arg("row_offsets"), nb::arg("keys"), nb::arg("weights").none(), nb::arg("combiners"),
+      nb::arg("grad_outs"), nb::arg("optimizer"), nb::arg("lr"), nb::arg("accumulators").none() = nb::none(),
+      nb::arg("m").none() = nb::none(), nb::arg("v").none() = nb::none(), nb::arg("epsilon") = 1e-7f,
+      nb::arg("beta_1") = 0.9, nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("stream") = 0,
+      nb::arg("check") = true, nb::arg("workspace").none() = nb::none(),
+      "Fused backward + optimizer over several tables: up to 32 tables share one sort and one set of\n"
+      "launches. Same bits as one lookup_backward_apply_cuda call per table.");
+
+  m.def(
       "sparse_sgd_cuda",
       [](const Arr& table, const Arr& indices, const Arr& grads, float lr, uintptr_t stream, bool check,
          const std::optional<Arr>& workspace) {

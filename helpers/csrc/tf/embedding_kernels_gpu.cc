@@ -312,7 +312,7 @@ void ApplySparseGpu(OpKernel* self, OpKernelContext* ctx, int n, const embedlab:
   }
   const int idx0 = n * (1 + kSlots), grad0 = idx0 + n;
   std::vector<embedlab::SparseUpdateArgs> args(n);
-  size_t ws_bytes = 0;
+  size_t ws_bytes = 0;  // all tables share one sort (up to 32 per launch group)
   for (int t = 0; t < n; ++t) {
     const Tensor& w = vars[t];
     const char* names[3] = {"vars", kSlots == 1 ? "accumulators" : "ms", "vs"};
@@ -345,8 +345,10 @@ void ApplySparseGpu(OpKernel* self, OpKernelContext* ctx, int n, const embedlab:
     as_ids.keys = a.indices;
     as_ids.batch = as_ids.nnz = a.n;
     OP_REQUIRES_OK(ctx, CheckIds(ctx, Where(op, "indices", t), as_ids, rows, /*allow_missing=*/false));
+  }
+  {
     cudaError_t e = cudaSuccess;
-    ws_bytes = std::max(ws_bytes, embedlab::sparse_update_cuda_workspace(a.n, dim, rows, &e));
+    ws_bytes = embedlab::sparse_update_cuda_workspace(args.data(), n, &e);
     OP_REQUIRES_OK(ctx, CudaStatus(op, e, "the workspace size query"));
   }
   Tensor ws_t;
