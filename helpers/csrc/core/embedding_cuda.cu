@@ -567,9 +567,11 @@ __global__ void __launch_bounds__(kBlock, 4) reduce_segments_kernel(const __grid
   }
 }
 
-// One block per hot key (grid-stride over the list): Q = kTreeBlock / L groups each add a fixed
-// contiguous slice of the key's partial sums in order, then group 0 adds the Q slice sums in
-// order. The tree depends on the partial count only, never on timing: deterministic bits.
+// One block per hot key (grid-stride over the list): kTreeSlices groups each add a fixed
+// contiguous slice of the key's partial sums in order, then group 0 adds the slice sums in
+// order. The tree depends on the partial count only: not on timing, not on the dims of the
+// tables that share the launch (L varies with them), so the bits are those of the input alone.
+constexpr int kTreeSlices = 32;  // <= kTreeBlock / 32, the fewest groups a block can have
 template <int V, typename K, typename Epi>
 __global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const __grid_constant__ BwdParams<K> p,
                                                                 const Epi epi) {
@@ -577,21 +579,20 @@ __global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const __grid_con
   const int lg = p.lanes_log2;
   const int L = 1 << lg;
   const int lane = threadIdx.x & (L - 1);
-  const int q = threadIdx.x >> lg;
-  const int Q = kTreeBlock >> lg;
+  const int q = threadIdx.x >> lg;  // groups q >= kTreeSlices (when L < 32) stay idle
   const int32_t nlong = p.counters[2];
   for (int32_t h = blockIdx.x; h < nlong; h += gridDim.x) {
     const int32_t u = p.long_list[h];
     const int64_t a = p.run_start[u], b = p.run_start[u + 1];
     const int64_t nseg = (b - a + S - 1) / S;
-    const int64_t per = (nseg + Q - 1) / Q;
+    const int64_t per = (nseg + kTreeSlices - 1) / kTreeSlices;
     const float* base = p.partial + 2 * (a / S) * p.stride;
     const int64_t gkey = static_cast<int64_t>(p.skeys[a]);
     const BwdTable& B = p.T.t[table_of_key(p.T, gkey)];
     for (int32_t c = 0; c < p.chunks; ++c) {
       const int64_t col = (static_cast<int64_t>(c) * L + lane) * V;
       Vec<V> acc = vzero<V>();
-      if (col < B.dim) {
+      if (col < B.dim && q < kTreeSlices) {
         const int64_t s0 = min(nseg, q * per), s1 = min(nseg, s0 + per);
         for (int64_t s = s0; s < s1; ++s) vadd(acc, vld<V>(base + s * p.stride + col));
       }
@@ -599,7 +600,7 @@ __global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const __grid_con
       __syncthreads();
       if (q == 0 && col < B.dim) {
         Vec<V> tot = vzero<V>();
-        for (int qq = 0; qq < Q; ++qq) vadd(tot, slice_sum[qq * L + lane]);
+        for (int qq = 0; qq < kTreeSlices; ++qq) vadd(tot, slice_sum[qq * L + lane]);
         epi.template operator()<V>(B, gkey - B.key_base, u, col, tot);
       }
       __syncthreads();
