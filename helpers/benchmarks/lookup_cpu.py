@@ -1,9 +1,12 @@
 """CPU benchmark: EmbedLab's fused lookup vs `tf.nn.safe_embedding_lookup_sparse`, Criteo shape.
 
 26 tables of `rows` x dim float32 (default 1M rows; dims 16, 64, 128), batch 4,096, 1-3 keys
-per row drawn uniformly from the table (uniform keys: the cache-unfriendly case), one
-`tf.SparseTensor` of ids per table, the same tensors for both sides. Everything runs inside
-`tf.function`, warmed up, and each figure is the median over `--repeats` timed calls.
+per row drawn uniformly from the table (`--keys uniform`, the cache-unfriendly case) or from a
+Zipf(1.1) power law like Criteo's categories (`--keys zipf`), one `tf.SparseTensor` of ids per
+table, the same tensors and the same table variables for both sides. Everything runs inside
+`tf.function`, warmed up; each figure is the median over `--repeats` timed calls, and all
+cases are timed in turn within each repeat, so load from other processes on a shared machine
+hits them alike (the 1-minute load average is recorded next to each row).
 
 Measured, per dim, in the same run:
 
@@ -14,8 +17,9 @@ Measured, per dim, in the same run:
 * train step: forward, backward (`GradientTape`) and an SGD update with
   `embedlab.optimizers.SGD` (fused sparse kernel) vs the native step
   (safe_embedding_lookup_sparse + tape + `keras.optimizers.SGD`). Both use the loss
-  sum_t sum(out_t * r_t) with fixed random r_t. The pieces (forward+backward without the
-  update) are timed too, so the table shows where the time goes.
+  sum_t sum(out_t * r_t) with fixed random r_t. Forward+backward without the update is timed
+  too, and so are the pieces of EmbedLab's step on their own (COO->CSR conversion, forward
+  kernel, backward kernel, SGD apply kernel), to show where the time goes.
 
 Prints a table with ratios and writes JSON (default helpers/benchmarks/results/lookup_cpu.json).
 
@@ -47,9 +51,10 @@ def _parse():
     p.add_argument("--tables", type=int, default=26)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--max-keys", type=int, default=3, help="keys per row drawn from 1..max")
+    p.add_argument("--keys", choices=["uniform", "zipf"], default="uniform",
+                   help="key distribution: uniform over the rows (cache-unfriendly) or Zipf(1.1) "
+                        "power law like Criteo's categories (hot rows stay in cache)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--native-first", action="store_true",
-                   help="time the native side first (shows the copy-on-read slowdown)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "lookup_cpu.json")
     return p.parse_args()
 
@@ -99,12 +104,17 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
           f"({T * a.rows * dim * 4 / 2**30:.2f} GiB)...", flush=True)
     tables = [tf.Variable(tf.random.uniform([a.rows, dim], -0.05, 0.05, seed=a.seed + t),
                           name=f"table_{t}") for t in range(T)]
+    perm = rng.permutation(a.rows).astype(np.int64) if a.keys == "zipf" else None
     sp_ids, rg_ids = [], []
     nkeys = 0
     for _ in range(T):
         counts = rng.integers(1, a.max_keys + 1, size=B)
         nkeys += int(counts.sum())
-        keys = rng.integers(0, a.rows, size=int(counts.sum()), dtype=np.int64)
+        if a.keys == "uniform":
+            keys = rng.integers(0, a.rows, size=int(counts.sum()), dtype=np.int64)
+        else:  # power law over ranks, ranks scattered over the table by a fixed permutation
+            ranks = (rng.zipf(1.1, size=int(counts.sum())) - 1) % a.rows
+            keys = perm[ranks]
         rows = np.repeat(np.arange(B, dtype=np.int64), counts)
         cols = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
         sp_ids.append(tf.SparseTensor(np.stack([rows, cols], 1), keys, [B, a.max_keys]))
@@ -157,8 +167,7 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         e_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
         return loss
 
-    # Same answer first (a benchmark of a wrong result is worthless). Compared on tensors
-    # (a read copy), so the variables themselves are not touched by a native gather yet.
+    # Same answer first (a benchmark of a wrong result is worthless).
     vals = [tf.convert_to_tensor(t) for t in tables]
     for t in range(T):
         want = tf.nn.safe_embedding_lookup_sparse(vals[t], sp_ids[t], combiner="sum")
@@ -183,30 +192,19 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
             [t.handle for t in tables], uniq, urows, tf.constant(1e-6)), tf.constant(0)][1]), 0),
     }
 
-    res = {"dim": dim, "keys_per_batch": nkeys}
+    res = {"dim": dim, "keys_per_batch": nkeys, "load_average_before": os.getloadavg()[0]}
     w, r_ = a.warmup, a.repeats
-    print(f"[dim {dim}] timing forward and forward+backward (interleaved)...", flush=True)
+    print(f"[dim {dim}] timing (all cases interleaved)...", flush=True)
     med, mins = _interleaved_ms({
         "fwd_native_ms": (fwd_native, sp_ids), "fwd_embedlab_coo_ms": (fwd_embedlab, sp_ids),
         "fwd_embedlab_csr_ms": (fwd_embedlab, rg_ids),
-        "fwdbwd_native_ms": (grad_native, sp_ids), "fwdbwd_embedlab_coo_ms": (grad_embedlab, sp_ids)}, w, r_)
+        "fwdbwd_native_ms": (grad_native, sp_ids), "fwdbwd_embedlab_coo_ms": (grad_embedlab, sp_ids),
+        "step_native_ms": (step_native, sp_ids), "step_embedlab_coo_ms": (step_embedlab, sp_ids),
+        "step_embedlab_csr_ms": (step_embedlab, rg_ids), **pieces}, w, r_)
     res.update(med)
     res["min"] = dict(mins)
-    # Train steps: EmbedLab's before the native one. Once TF's ResourceGather/ScatterSub has
-    # touched a variable it is in "copy-on-read" mode, after which the current EmbedLab
-    # sparse-apply kernel copies the whole table on every update (see RESULTS.md); so these
-    # two are timed in blocks, not interleaved. --native-first shows the other order.
-    order = ["native", "embedlab"] if a.native_first else ["embedlab", "native"]
-    for side in order:
-        print(f"[dim {dim}] timing {side} train step...", flush=True)
-        if side == "embedlab":
-            med, mins = _interleaved_ms({"step_embedlab_coo_ms": (step_embedlab, sp_ids),
-                                         "step_embedlab_csr_ms": (step_embedlab, rg_ids),
-                                         **pieces}, w, r_)
-        else:
-            med, mins = _interleaved_ms({"step_native_ms": (step_native, sp_ids)}, w, r_)
-        res.update(med)
-        res["min"].update(mins)
+    # Other processes on a shared machine show up here (1-minute load average vs cores).
+    res["load_average_after"] = os.getloadavg()[0]
     res["fwd_ratio_coo"] = res["fwd_native_ms"] / res["fwd_embedlab_coo_ms"]
     res["fwd_ratio_csr"] = res["fwd_native_ms"] / res["fwd_embedlab_csr_ms"]
     res["step_ratio_coo"] = res["step_native_ms"] / res["step_embedlab_coo_ms"]
@@ -246,7 +244,7 @@ def main():
            f"{'f+b TF':>7} | {'f+b EL':>7} | {'step TF ms':>10} | {'step EL coo':>11} | {'step EL csr':>11} | "
            f"{'step x (coo/csr)':>16}")
     print()
-    print(f"{a.tables} tables x {a.rows:,} rows, batch {a.batch}, 1-{a.max_keys} keys/row, "
+    print(f"{a.tables} tables x {a.rows:,} rows, batch {a.batch}, 1-{a.max_keys} keys/row ({a.keys} keys), "
           f"median of {a.repeats}; machine: {machine['cpu']}, {machine['cores']} cores, TF {tf.__version__}")
     print(hdr)
     print("-" * len(hdr))
@@ -255,7 +253,8 @@ def main():
               f"{r['fwd_embedlab_csr_ms']:>10.2f} | {r['fwd_ratio_coo']:>6.2f} / {r['fwd_ratio_csr']:<6.2f} | "
               f"{r['fwdbwd_native_ms']:>7.2f} | {r['fwdbwd_embedlab_coo_ms']:>7.2f} | "
               f"{r['step_native_ms']:>10.2f} | {r['step_embedlab_coo_ms']:>11.2f} | "
-              f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}")
+              f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}"
+              f"  (load avg {r['load_average_before']:.1f} -> {r['load_average_after']:.1f})")
     print()
     print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
           "backward kernel | SGD apply kernel | sum | full CSR step")
