@@ -228,10 +228,13 @@ def write_norm(path, label, dense, slots, *, error_check: bool = True,
         raise ValueError(f"write_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
     kdt = _KEY_DTYPES[key_type]
     label = np.asarray(label, dtype=np.float32)
-    label = label.reshape(len(label), -1) if label.ndim == 1 else label
+    label = label[:, None] if label.ndim == 1 else label
+    if label.ndim != 2:
+        raise ValueError(f"write_norm: label must be [n] or [n, label_dim], got {label.shape}")
     n, label_dim = label.shape
-    dense = np.asarray(dense, dtype=np.float32).reshape(n, -1) if n else \
-        np.asarray(dense, dtype=np.float32).reshape(0, -1 if np.size(dense) else 0)
+    dense = np.asarray(dense, dtype=np.float32)
+    if dense.ndim == 1 and dense.size == 0:
+        dense = dense.reshape(n, 0)
     if dense.ndim != 2 or dense.shape[0] != n:
         raise ValueError(f"write_norm: dense must be [{n}, dense_dim], got {dense.shape}")
     dense_dim = dense.shape[1]
@@ -686,6 +689,7 @@ def tfrecord_dataset(files, batch_size: int, *, columns=None, dense_key: str | N
         ds = ds.shuffle(shuffle_buffer, seed=seed)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder)
 
+    @tf.autograph.experimental.do_not_convert      # plain graph code; skips autograph's warning
     def parse(x):
         f = tf.io.parse_example(x, spec)
         label = tf.reshape(f.pop(LABEL), [-1, 1])

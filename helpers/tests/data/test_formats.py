@@ -107,6 +107,15 @@ def test_norm_corruption_names_file_and_record(tmp_path, rng):
         formats.read_norm(bad)
 
 
+def test_norm_empty_file_round_trips(tmp_path):
+    for ec in (True, False):
+        p = formats.write_norm(tmp_path / "e.data", np.zeros((0, 1)), np.zeros((0, 13)),
+                               [np.zeros(0, np.int64)] * 3, error_check=ec)
+        d = formats.read_norm(p)
+        assert d.label.shape == (0, 1) and d.dense.shape == (0, 13) and len(d.slots) == 3
+        assert all(len(v) == 0 and list(s) == [0] for s, v in d.slots)
+
+
 def test_norm_bad_input(tmp_path):
     with pytest.raises(ValueError, match="outside uint32"):
         formats.write_norm(tmp_path / "k.data", [0.0], [[1.0]], [[2**32]])
