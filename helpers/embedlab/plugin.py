@@ -49,7 +49,15 @@ trains its tables itself, as the plugin did: its tables are non-trainable to Ker
 `bp_trigger` variable is trainable and, when backprop reaches it (in `model.fit`, or any
 `GradientTape`), the layer applies its optimizer to the tables' sparse gradients; the
 trigger's gradient is zero, so the model's optimizer leaves it at 0. Call `tape.gradient`
-once per step (each call applies an update).
+once per step (each call applies an update). The layer's optimizer updates each device's
+table with its own compiled op; gradient clipping / loss-scaling options of that optimizer
+are not applied.
+
+With `optimizer=None` and tables on several devices, the model's optimizer receives one
+IndexedSlices gradient per device table: Keras optimizers handle that, but an
+`embedlab.optimizers` instance currently fuses all sparse updates of a step into one op,
+which TensorFlow cannot place across devices; give the layer its own optimizer instead
+(or use one device).
 """
 from __future__ import annotations
 
@@ -113,7 +121,7 @@ def init(devices: Sequence[str] | str | None = None, seed: int = 0) -> PluginCon
     Example:
         >>> cfg = init(["/CPU:0"], seed=1)
         >>> cfg.devices
-        ('/job:localhost/replica:0/task:0/device:CPU:0',)
+        ('/device:CPU:0',)
     """
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"embedlab.plugin.init: seed must be a non-negative int, got {seed!r}")
