@@ -239,3 +239,19 @@ def test_split_counts_and_split(tmp_path, fresh_seed):
         criteo.split(src, tmp_path / "sp3", counts=[1, 2, 3])
     with pytest.raises(FileNotFoundError):
         criteo.split(tmp_path / "nope.txt", tmp_path / "sp4")
+
+
+@pytest.mark.parametrize("field", ["+5", " 5", "5 ", "0x5", "5.0", "1e3", "５"])
+def test_integers_are_parsed_strictly(tmp_path, field, fresh_seed):
+    """pyarrow alone would accept some of these; the Kaggle format does not."""
+    src = criteo.generate(tmp_path / "g.txt", rows=50, seed=fresh_seed, progress=False)
+    lines = _lines(src)
+    f = lines[20].rstrip("\n").split("\t")
+    f[3] = field
+    lines[20] = "\t".join(f) + "\n"
+    p = tmp_path / "odd.txt"
+    p.write_bytes("".join(lines).encode("utf-8"))
+    errors = []
+    rows = sum(len(b) for _, b in criteo.read_chunks(p, on_error="skip", errors=errors))
+    assert rows == 49 and [l for _, l, _ in errors] == [21]
+    assert "I3" in errors[0][2]
