@@ -106,6 +106,10 @@ def make_keys(rng, n, rows, dist):
 FORWARD_VARIANTS = [(1, 4, 1), (1, 4, 8), (1, 1, 8), (2, 1, 8), (2, 2, 4), (2, 2, 6), (4, 1, 4), (4, 1, 6)]
 
 
+# (state prefetch, min blocks per SM): the compiled backward-reduction variants.
+BACKWARD_VARIANTS = [(True, 4), (True, 1), (False, 4), (False, 1)]
+
+
 def copy_bandwidth(torch, timer):
     n = 1 << 28  # 1 GiB of float32 each way
     src = torch.randn(n, device="cuda")
@@ -232,6 +236,8 @@ class Bench:
             self.record(**base, op=f"backward+{opt}", ours_ms=ours, torch_ms=theirs, bytes=nbytes_b,
                         ours_GBps=nbytes_b / ours / 1e6, torch_GBps=nbytes_b / theirs / 1e6,
                         ours_frac_copy=nbytes_b / ours / 1e6 / self.copy_GBps, speedup=theirs / ours)
+        if self.args.variant_sweep:
+            self.backward_sweep(table, offsets, keys, dy, ws, base, n_unique)
         # plain backward (unique keys + summed rows), for reference
         uk = torch.empty(nnz, dtype=torch.int64, device="cuda")
         rows = torch.empty(nnz, dim, device="cuda") if nnz * dim * 4 <= 4e9 else None
@@ -259,6 +265,31 @@ class Bench:
                         torch_GBps=float("nan"), ours_frac_copy=nbytes / ms / 1e6 / self.copy_GBps,
                         speedup=float("nan"))
         core._set_cuda_forward_variant(*default)
+
+    def backward_sweep(self, table, offsets, keys, dy, ws, base, n_unique):
+        """Every backward variant (same bits): optimizer-state prefetch x register cap."""
+        torch, core = self.torch, self.core
+        default = tuple(core._cuda_backward_variant())
+        batch, dim = dy.shape
+        nnz = keys.numel()
+        for opt in ("sgd", "adam"):
+            mine = table.clone()
+            m = torch.zeros_like(table) if opt == "adam" else None
+            v = torch.zeros_like(table) if opt == "adam" else None
+            nbytes = bwd_bytes(nnz, batch, dim, n_unique, 2 if opt == "adam" else 0)
+            for variant in BACKWARD_VARIANTS:
+                core._set_cuda_backward_variant(*variant)
+                ms = self.timer.median_ms(lambda: core.lookup_backward_apply_cuda(
+                    mine, offsets, keys, None, "sum", dy, opt, 0.01, m=m, v=v, epsilon=1e-8, step=1,
+                    stream=self.stream, check=False, workspace=ws), inner=1)
+                self.record(**base, op="exp:bwd-%s prefetch=%d minblk=%d%s" % (
+                                opt, variant[0], variant[1], "*" if variant == default else ""),
+                            ours_ms=ms, torch_ms=float("nan"), bytes=nbytes, ours_GBps=nbytes / ms / 1e6,
+                            torch_GBps=float("nan"), ours_frac_copy=nbytes / ms / 1e6 / self.copy_GBps,
+                            speedup=float("nan"))
+            del mine, m, v
+        core._set_cuda_backward_variant(*default)
+        torch.cuda.empty_cache()
 
     def forward_experiments(self, table, offsets, keys, out, nbytes, base):
         """Ideas tried on the headline shape, kept measurable: the knobs and their effect."""
@@ -426,6 +457,7 @@ class Bench:
         if self.args.variant:
             self.core._set_cuda_forward_variant(*self.args.variant)
         self.info["forward_variant"] = tuple(self.core._cuda_forward_variant())
+        self.info["backward_variant"] = tuple(self.core._cuda_backward_variant())
         print(f"GPU: {self.info}", flush=True)
         self.copy_GBps, copy_ms = copy_bandwidth(torch, self.timer)
         print(f"device copy: {self.copy_GBps:,.0f} GB/s (1 GiB read + 1 GiB written in {copy_ms:.3f} ms)", flush=True)

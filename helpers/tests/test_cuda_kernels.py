@@ -521,3 +521,23 @@ def test_multi_table_apply_equals_per_table_calls(rng, opt, weighted):
         core.sparse_adam(ct, c1, c2, ck, cg, kw["lr"], kw["beta_1"], kw["beta_2"], kw["epsilon"], kw["step"])
     for a, c in zip(multi[i], [ct, c1, c2]):
         np.testing.assert_allclose(DEV.get(a), c, rtol=1e-3, atol=1e-5)
+
+
+def test_backward_variants_give_identical_bits(rng):
+    """The benchmark's backward-reduction variants (state prefetch, register cap) change speed only."""
+    rows, dim = 3000, 128
+    offsets, keys = random_csr(rng, 4000, rows, max_nnz=4, zipf=True)
+    dy = rng.standard_normal((len(offsets) - 1, dim)).astype(np.float32)
+    table, s1, s2 = _states(rng, rows, dim)
+    default = tuple(core._cuda_backward_variant())
+    outs = []
+    try:
+        for variant in [(True, 4), (True, 1), (False, 4), (False, 1)]:
+            core._set_cuda_backward_variant(*variant)
+            d = [DEV.put(table), DEV.put(s1), DEV.put(s2)]
+            core.lookup_backward_apply_cuda(d[0], DEV.put(offsets), DEV.put(keys), None, "mean", DEV.put(dy), "adam",
+                                            0.01, m=d[1], v=d[2], step=3, stream=DEV.stream())
+            outs.append([DEV.get(x).tobytes() for x in d])
+    finally:
+        core._set_cuda_backward_variant(*default)
+    assert all(o == outs[0] for o in outs[1:])

@@ -174,6 +174,10 @@ cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaSt
 // (see kForwardVariants in embedding_cuda.cu); returns false and changes nothing otherwise.
 bool set_cuda_forward_variant(int rows_per_group, int unroll, int min_blocks);
 void get_cuda_forward_variant(int* rows_per_group, int* unroll, int* min_blocks);
+// Backward benchmark knob (same bits): load the optimizer state before summing the gradient
+// (prefetch) and the reduction kernel's min resident blocks per SM (1 or 4).
+bool set_cuda_backward_variant(bool prefetch, int min_blocks);
+void get_cuda_backward_variant(bool* prefetch, int* min_blocks);
 
 // Validates ids on the device. allow_missing: whether -1 is allowed (lookups: yes; optimizer
 // indices: no). Returns "" or the same message check_ids() gives. SYNCHRONIZES the stream (it

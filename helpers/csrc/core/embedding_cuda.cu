@@ -412,12 +412,25 @@ struct BwdParams {
 };
 
 // ---- epilogues: what happens to a finished key's summed row (key is table-local) ----------
+// Two phases: load() reads the row's optimizer state, apply() combines it with the summed
+// gradient and stores. The reduction calls load() before it sums the gradient rows, so the
+// state's loads are in flight together with the gradient's instead of after them (the chain
+// per key is then one memory latency, not two).
+
+template <int V>
+struct EpiState {
+  Vec<V> w, s1, s2;
+};
 
 struct GradEpi {  // write (lookup_backward_cuda, one table)
   float* rows;
   template <int V>
-  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t, int64_t u, int64_t col,
-                                             const Vec<V>& g) const {
+  __device__ __forceinline__ EpiState<V> load(const BwdTable&, int64_t, int64_t) const {
+    return EpiState<V>{};
+  }
+  template <int V>
+  __device__ __forceinline__ void apply(const BwdTable& B, int64_t, int64_t u, int64_t col, const EpiState<V>&,
+                                        const Vec<V>& g) const {
     vst<V>(rows + u * B.dim + col, g);
   }
 };
@@ -425,49 +438,69 @@ struct GradEpi {  // write (lookup_backward_cuda, one table)
 struct SgdEpi {  // w -= g * lr
   float lr;
   template <int V>
-  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t key, int64_t, int64_t col,
-                                             const Vec<V>& g) const {
-    float* p = B.table + key * B.dim + col;
-    Vec<V> w = vld<V>(p);
+  __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
+    EpiState<V> st;
+    st.w = vld<V>(B.table + key * B.dim + col);
+    return st;
+  }
+  template <int V>
+  __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
+                                        const Vec<V>& g) const {
 #pragma unroll
-    for (int i = 0; i < V; ++i) w.v[i] = __fsub_rn(w.v[i], __fmul_rn(g.v[i], lr));
-    vst<V>(p, w);
+    for (int i = 0; i < V; ++i) st.w.v[i] = __fsub_rn(st.w.v[i], __fmul_rn(g.v[i], lr));
+    vst<V>(B.table + key * B.dim + col, st.w);
   }
 };
 
 struct AdagradEpi {  // acc += g*g; w -= (lr*g) / sqrt(acc + eps)
   float lr, eps;
   template <int V>
-  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t key, int64_t, int64_t col,
-                                             const Vec<V>& g) const {
+  __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
     const int64_t off = key * B.dim + col;
-    Vec<V> w = vld<V>(B.table + off), a = vld<V>(B.slot1 + off);
+    EpiState<V> st;
+    st.w = vld<V>(B.table + off);
+    st.s1 = vld<V>(B.slot1 + off);
+    return st;
+  }
+  template <int V>
+  __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
+                                        const Vec<V>& g) const {
+    const int64_t off = key * B.dim + col;
 #pragma unroll
     for (int i = 0; i < V; ++i) {
-      a.v[i] = __fadd_rn(a.v[i], __fmul_rn(g.v[i], g.v[i]));
-      w.v[i] = __fsub_rn(w.v[i], __fdiv_rn(__fmul_rn(lr, g.v[i]), __fsqrt_rn(__fadd_rn(a.v[i], eps))));
+      st.s1.v[i] = __fadd_rn(st.s1.v[i], __fmul_rn(g.v[i], g.v[i]));
+      st.w.v[i] = __fsub_rn(st.w.v[i], __fdiv_rn(__fmul_rn(lr, g.v[i]), __fsqrt_rn(__fadd_rn(st.s1.v[i], eps))));
     }
-    vst<V>(B.slot1 + off, a);
-    vst<V>(B.table + off, w);
+    vst<V>(B.slot1 + off, st.s1);
+    vst<V>(B.table + off, st.w);
   }
 };
 
 struct AdamEpi {  // Keras order: m += (g-m)(1-b1); v += (g*g-v)(1-b2); w -= (m*alpha)/(sqrt(v)+eps)
   float alpha, one_b1, one_b2, eps;
   template <int V>
-  __device__ __forceinline__ void operator()(const BwdTable& B, int64_t key, int64_t, int64_t col,
-                                             const Vec<V>& g) const {
+  __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
     const int64_t off = key * B.dim + col;
-    Vec<V> w = vld<V>(B.table + off), mm = vld<V>(B.slot1 + off), vv = vld<V>(B.slot2 + off);
+    EpiState<V> st;
+    st.w = vld<V>(B.table + off);
+    st.s1 = vld<V>(B.slot1 + off);
+    st.s2 = vld<V>(B.slot2 + off);
+    return st;
+  }
+  template <int V>
+  __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
+                                        const Vec<V>& g) const {
+    const int64_t off = key * B.dim + col;
 #pragma unroll
     for (int i = 0; i < V; ++i) {
-      mm.v[i] = __fadd_rn(mm.v[i], __fmul_rn(__fsub_rn(g.v[i], mm.v[i]), one_b1));
-      vv.v[i] = __fadd_rn(vv.v[i], __fmul_rn(__fsub_rn(__fmul_rn(g.v[i], g.v[i]), vv.v[i]), one_b2));
-      w.v[i] = __fsub_rn(w.v[i], __fdiv_rn(__fmul_rn(mm.v[i], alpha), __fadd_rn(__fsqrt_rn(vv.v[i]), eps)));
+      st.s1.v[i] = __fadd_rn(st.s1.v[i], __fmul_rn(__fsub_rn(g.v[i], st.s1.v[i]), one_b1));
+      st.s2.v[i] = __fadd_rn(st.s2.v[i], __fmul_rn(__fsub_rn(__fmul_rn(g.v[i], g.v[i]), st.s2.v[i]), one_b2));
+      st.w.v[i] =
+          __fsub_rn(st.w.v[i], __fdiv_rn(__fmul_rn(st.s1.v[i], alpha), __fadd_rn(__fsqrt_rn(st.s2.v[i]), eps)));
     }
-    vst<V>(B.slot1 + off, mm);
-    vst<V>(B.slot2 + off, vv);
-    vst<V>(B.table + off, w);
+    vst<V>(B.slot1 + off, st.s1);
+    vst<V>(B.slot2 + off, st.s2);
+    vst<V>(B.table + off, st.w);
   }
 };
 
@@ -524,9 +557,11 @@ __device__ __forceinline__ Vec<V> sum_items(const BwdParams<K>& p, const BwdTabl
 // the chunk. Partial-sum slot of segment p of a hot key whose first item is a: 2*(a/S) + p,
 // disjoint between keys because a hot key spans more than S items (so its successor starts at
 // least one chunk later, and 2*floor(cnt/S) >= ceil(cnt/S)).
-template <int V, typename K, typename Epi>
-__global__ void __launch_bounds__(kBlock, 4) reduce_segments_kernel(const __grid_constant__ BwdParams<K> p,
-                                                                 const Epi epi, bool mean) {
+// kMinBlocks: register cap as resident blocks per SM (1 = compiler's choice); prefetch: load
+// the optimizer state before summing. Both are measured by the benchmark (same bits).
+template <int V, typename K, typename Epi, int kMinBlocks>
+__global__ void __launch_bounds__(kBlock, kMinBlocks) reduce_segments_kernel(const __grid_constant__ BwdParams<K> p,
+                                                                             const Epi epi, bool mean, bool prefetch) {
   const int lg = p.lanes_log2;
   const int lane = threadIdx.x & ((1 << lg) - 1);
   const int64_t item = static_cast<int64_t>(blockIdx.x) * (kBlock >> lg) + (threadIdx.x >> lg);
@@ -554,10 +589,16 @@ __global__ void __launch_bounds__(kBlock, 4) reduce_segments_kernel(const __grid
     const int64_t gkey = static_cast<int64_t>(p.skeys[a]);
     const BwdTable& B = p.T.t[table_of_key(p.T, gkey)];
     if (col < B.dim) {
-      const Vec<V> acc = sum_items<V, K>(p, B, seg, min(seg + S, b), col, mean);
-      if (b - a <= S) {
-        epi.template operator()<V>(B, gkey - B.key_base, u, col, acc);
+      const int64_t key = gkey - B.key_base;
+      if (b - a <= S && prefetch) {  // the whole key here: state loads overlap the gradient loads
+        const EpiState<V> st = epi.template load<V>(B, key, col);
+        const Vec<V> acc = sum_items<V, K>(p, B, seg, b, col, mean);
+        epi.template apply<V>(B, key, u, col, st, acc);
+      } else if (b - a <= S) {
+        const Vec<V> acc = sum_items<V, K>(p, B, seg, b, col, mean);
+        epi.template apply<V>(B, key, u, col, epi.template load<V>(B, key, col), acc);
       } else {
+        const Vec<V> acc = sum_items<V, K>(p, B, seg, min(seg + S, b), col, mean);
         vst<V>(p.partial + (2 * (a / S) + piece) * p.stride + col, acc);
       }
     }
@@ -601,7 +642,8 @@ __global__ void __launch_bounds__(kTreeBlock) reduce_hot_kernel(const __grid_con
       if (q == 0 && col < B.dim) {
         Vec<V> tot = vzero<V>();
         for (int qq = 0; qq < kTreeSlices; ++qq) vadd(tot, slice_sum[qq * L + lane]);
-        epi.template operator()<V>(B, gkey - B.key_base, u, col, tot);
+        const int64_t key = gkey - B.key_base;
+        epi.template apply<V>(B, key, u, col, epi.template load<V>(B, key, col), tot);
       }
       __syncthreads();
     }
@@ -720,6 +762,10 @@ cudaError_t bwd_layout(int64_t batch, int64_t nnz, int64_t stride, int64_t num_r
   return cudaSuccess;
 }
 
+// Backward variant (benchmark knob, same bits): state prefetch, and min blocks per SM (1 or 4).
+bool g_backward_prefetch = true;
+int g_backward_min_blocks = 4;
+
 int g_num_sms = 0;
 cudaError_t num_sms(int* out) {
   if (g_num_sms == 0) {
@@ -738,7 +784,13 @@ cudaError_t launch_reduce(const BwdParams<K>& p, const Epi& epi, bool mean, cuda
   const int64_t per_block = kBlock >> p.lanes_log2;
   const int64_t blocks = (groups + per_block - 1) / per_block;
   if (blocks > 0) {
-    reduce_segments_kernel<V, K, Epi><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, epi, mean);
+    if (g_backward_min_blocks == 4) {
+      reduce_segments_kernel<V, K, Epi, 4>
+          <<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, epi, mean, g_backward_prefetch);
+    } else {
+      reduce_segments_kernel<V, K, Epi, 1>
+          <<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(p, epi, mean, g_backward_prefetch);
+    }
     EL_TRY(cudaGetLastError());
   }
   if (p.n > S) {  // a hot key needs more than S contributions
@@ -901,6 +953,18 @@ void get_cuda_forward_variant(int* rows_per_group, int* unroll, int* min_blocks)
   *rows_per_group = v.rows;
   *unroll = v.unroll;
   *min_blocks = v.min_blocks;
+}
+
+bool set_cuda_backward_variant(bool prefetch, int min_blocks) {
+  if (min_blocks != 1 && min_blocks != 4) return false;
+  g_backward_prefetch = prefetch;
+  g_backward_min_blocks = min_blocks;
+  return true;
+}
+
+void get_cuda_backward_variant(bool* prefetch, int* min_blocks) {
+  *prefetch = g_backward_prefetch;
+  *min_blocks = g_backward_min_blocks;
 }
 
 bool set_cuda_forward_variant(int rows_per_group, int unroll, int min_blocks) {

@@ -353,6 +353,22 @@ void register_cuda(nb::module_& m) {
       nb::arg("rows_per_group"), nb::arg("unroll"), nb::arg("min_blocks"),
       "Benchmark knob: forward rows per thread group, key unroll, min resident blocks per SM (same results).");
   m.def(
+      "_set_cuda_backward_variant",
+      [](bool prefetch, int min_blocks) {
+        if (!set_cuda_backward_variant(prefetch, min_blocks))
+          fail("_set_cuda_backward_variant", "min_blocks must be 1 or 4");
+      },
+      nb::arg("prefetch"), nb::arg("min_blocks"), "Benchmark knob for the backward reduction (same results).");
+  m.def(
+      "_cuda_backward_variant",
+      []() {
+        bool pf;
+        int mb;
+        get_cuda_backward_variant(&pf, &mb);
+        return std::make_tuple(pf, mb);
+      },
+      "The backward variant in use: (prefetch, min_blocks).");
+  m.def(
       "_cuda_forward_variant",
       []() {
         int r, u, b;
