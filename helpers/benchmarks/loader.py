@@ -30,7 +30,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+try:  # the installed package (make setup); else the source tree next to this script
+    import embedlab  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(HERE.parent))
 
 from embedlab import config  # noqa: E402
 from embedlab.data import ParquetLoader, criteo, formats  # noqa: E402
@@ -63,8 +66,11 @@ def _time_interleaved(pipelines, repeats):
 def _memory_child(path, batch, buffer_rows):
     """Run one loader epoch in a fresh interpreter; return its RSS numbers in MiB."""
     code = f"""
-import os, resource, sys, json
-sys.path.insert(0, {str(HERE.parent)!r})
+import os, sys, json
+try:
+    import embedlab
+except ImportError:
+    sys.path.insert(0, {str(HERE.parent)!r})
 import psutil, tensorflow as tf
 from embedlab.data import ParquetLoader
 proc = psutil.Process()
