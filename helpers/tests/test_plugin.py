@@ -154,6 +154,14 @@ def test_init_is_callable_again_and_checks_devices():
         plugin.init(seed=-1)
 
 
+def test_split_cpu_after_start_says_what_to_do():
+    tf.constant(1.0)                                  # TensorFlow has started in this process
+    have = len(tf.config.list_logical_devices("CPU"))
+    assert plugin.split_cpu(have) == [d.name for d in tf.config.list_logical_devices("CPU")]  # same n: no-op
+    with pytest.raises(RuntimeError, match="before any TensorFlow op"):
+        plugin.split_cpu(have + 3)
+
+
 # ---- training ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
