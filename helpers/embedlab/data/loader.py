@@ -107,7 +107,16 @@ class ParquetLoader(_Base):
         One epoch of `(features_dict, label)` batches per `iter()`.
 
     Sharding assigns whole row groups to workers (row group i to shard i % num_shards), so
-    shards are disjoint and cover the data; their sizes differ by at most a row group.
+    shards are disjoint and cover the data; their sizes differ by at most a row group. With a
+    `tf.distribute` strategy, build one loader per input pipeline:
+
+        dist = strategy.distribute_datasets_from_function(
+            lambda ctx: ParquetLoader(path, per_replica_batch, seed=0,
+                                      input_context=ctx).to_tf_dataset())
+
+    Performance: batches are copied once into TensorFlow tensors; `model.fit(loader)` and
+    `to_tf_dataset()` go through `tf.data.Dataset.from_generator`, which adds a copy and GIL
+    hand-offs (see helpers/benchmarks/RESULTS.md for measured rates).
 
     Example:
         >>> ld = ParquetLoader("pq/train", 1024, seed=1, sparse_key=None)      # doctest: +SKIP
