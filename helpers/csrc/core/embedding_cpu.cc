@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 #include <sstream>
+#include <type_traits>
 
 #include "embedding.h"
 
@@ -25,12 +26,47 @@ inline void prefetch_row(const float* row, int64_t dim) {
   for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 0, 1);
 }
 
-// out[0:dim] += w * src[0:dim]; restrict lets the compiler vectorise.
+// Row arithmetic with the width known at compile time where it matters. D > 0 is the row width;
+// D == 0 means "read it at run time". Fixed widths let the compiler unroll into straight vector
+// code (no loop, no memset call per row), which is most of the per-key cost once rows are in
+// cache. Every variant does the same float operations in the same order: same bits.
+template <int D>
+struct Width {
+  static constexpr int64_t get(int64_t) { return D; }
+};
+template <>
+struct Width<0> {
+  static int64_t get(int64_t dim) { return dim; }
+};
+
+template <int D>
 inline void axpy(float* __restrict out, const float* __restrict src, float w, int64_t dim) {
-  for (int64_t d = 0; d < dim; ++d) out[d] += w * src[d];
+  const int64_t n = Width<D>::get(dim);
+  for (int64_t d = 0; d < n; ++d) out[d] += w * src[d];
 }
+template <int D>
 inline void add(float* __restrict out, const float* __restrict src, int64_t dim) {
-  for (int64_t d = 0; d < dim; ++d) out[d] += src[d];
+  const int64_t n = Width<D>::get(dim);
+  for (int64_t d = 0; d < n; ++d) out[d] += src[d];
+}
+template <int D>
+inline void zero(float* __restrict out, int64_t dim) {
+  const int64_t n = Width<D>::get(dim);
+  for (int64_t d = 0; d < n; ++d) out[d] = 0.f;
+}
+
+// Calls fn(std::integral_constant<int, D>) with D = dim for the common widths, else D = 0.
+template <typename F>
+inline void dispatch_dim(int64_t dim, F fn) {
+  switch (dim) {
+    case 4: return fn(std::integral_constant<int, 4>());
+    case 8: return fn(std::integral_constant<int, 8>());
+    case 16: return fn(std::integral_constant<int, 16>());
+    case 32: return fn(std::integral_constant<int, 32>());
+    case 64: return fn(std::integral_constant<int, 64>());
+    case 128: return fn(std::integral_constant<int, 128>());
+    default: return fn(std::integral_constant<int, 0>());
+  }
 }
 
 // Maps a flat unit index over several tables (unit = one row, or one index) to its table.
@@ -54,17 +90,20 @@ struct FlatIndex {
   }
 };
 
+template <int D>
 void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
-  const int64_t dim = a.dim;
+  const int64_t dim = Width<D>::get(a.dim);
   const int64_t* off = a.ids.row_offsets;
   const int64_t* keys = a.ids.keys;
   const float* w = a.ids.weights;
   const int64_t jend = off[r1];
   for (int64_t r = r0; r < r1; ++r) {
     float* o = a.out + r * dim;
-    std::memset(o, 0, sizeof(float) * dim);
+    zero<D>(o, dim);
     float wsum = 0.f;
     for (int64_t j = off[r]; j < off[r + 1]; ++j) {
+      // Rows are random DRAM lines: keep several misses in flight by prefetching ahead in the
+      // flat key stream (across row boundaries).
       if (j + kPrefetchDistance < jend) {
         const int64_t kp = keys[j + kPrefetchDistance];
         if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
@@ -73,10 +112,10 @@ void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
       if (k < 0) continue;
       const float* src = a.table + k * dim;
       if (w) {
-        axpy(o, src, w[j], dim);
+        axpy<D>(o, src, w[j], dim);
         wsum += w[j];
       } else {
-        add(o, src, dim);
+        add<D>(o, src, dim);
         wsum += 1.f;
       }
     }
@@ -84,7 +123,7 @@ void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
       if (wsum != 0.f) {
         for (int64_t d = 0; d < dim; ++d) o[d] /= wsum;
       } else {
-        std::memset(o, 0, sizeof(float) * dim);
+        zero<D>(o, dim);
       }
     }
   }
@@ -193,7 +232,9 @@ void lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& po
   for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
   const int64_t cost = std::max<int64_t>(1, work / flat.total());  // ~1 ns per element
   pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) {
-    flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) { forward_rows(tables[t], r0, r1); });
+    flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
+      dispatch_dim(tables[t].dim, [&](auto d) { forward_rows<decltype(d)::value>(tables[t], r0, r1); });
+    });
   });
 }
 
@@ -207,71 +248,144 @@ void sort_runs_cpu(const int64_t* keys, int64_t n, int64_t key_bound, std::vecto
   run_starts->push_back(n);
 }
 
+namespace {
+
+int bits_for(uint64_t bound) {  // smallest b with 2^b >= bound
+  int b = 0;
+  while (b < 64 && (uint64_t{1} << b) < bound) ++b;
+  return b;
+}
+
+// Stable LSD radix sort of packed values by bits [lo, lo + nbits), 11 bits per pass. The low
+// bits hold the position, so equal keys stay in position order without a second array.
+void radix_sort_packed(std::vector<uint64_t>* v, int lo, int nbits) {
+  constexpr int kRadixBits = 11;
+  constexpr uint64_t kMask = (uint64_t{1} << kRadixBits) - 1;
+  const int64_t n = static_cast<int64_t>(v->size());
+  if (n < 2 || nbits == 0) return;
+  std::vector<uint64_t> tmp(n);
+  uint64_t* src = v->data();
+  uint64_t* dst = tmp.data();
+  int64_t count[kMask + 1];
+  for (int shift = lo; shift < lo + nbits; shift += kRadixBits) {
+    std::fill(count, count + kMask + 1, 0);
+    for (int64_t i = 0; i < n; ++i) ++count[(src[i] >> shift) & kMask];
+    int64_t sum = 0;
+    for (auto& c : count) {
+      const int64_t t = c;
+      c = sum;
+      sum += t;
+    }
+    for (int64_t i = 0; i < n; ++i) dst[count[(src[i] >> shift) & kMask]++] = src[i];
+    std::swap(src, dst);
+  }
+  if (src != v->data()) std::memcpy(v->data(), src, sizeof(uint64_t) * n);
+}
+
+}  // namespace
+
 int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
   args_ = args;
   const CsrIds& ids = args.ids;
   row_of_pos_.resize(ids.nnz);
-  row_scale_.assign(ids.batch, 1.f);
-  std::vector<int64_t> valid_keys;
-  std::vector<int64_t> valid_pos;
-  valid_keys.reserve(ids.nnz);
-  valid_pos.reserve(ids.nnz);
-  int64_t max_key = 0;
+  row_scale_.resize(ids.batch);
+  int64_t max_key = 0, valid = 0;
   for (int64_t r = 0; r < ids.batch; ++r) {
     float wsum = 0.f;
     for (int64_t j = ids.row_offsets[r]; j < ids.row_offsets[r + 1]; ++j) {
       row_of_pos_[j] = r;
       const int64_t k = ids.keys[j];
       if (k < 0) continue;
-      valid_keys.push_back(k);
-      valid_pos.push_back(j);
+      ++valid;
       max_key = std::max(max_key, k);
       wsum += ids.weights ? ids.weights[j] : 1.f;
     }
     row_scale_[r] = wsum;  // only read for mean
   }
-  std::vector<int64_t> order, runs;
-  sort_runs_cpu(valid_keys.data(), static_cast<int64_t>(valid_keys.size()), max_key + 1, &order, &runs, pool);
-  sorted_keys_.resize(order.size());
-  sorted_pos_.resize(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    sorted_keys_[i] = valid_keys[order[i]];
-    sorted_pos_[i] = valid_pos[order[i]];
+  const int pos_bits = bits_for(static_cast<uint64_t>(ids.nnz));
+  const int key_bits = bits_for(static_cast<uint64_t>(max_key) + 1);
+  sorted_keys_.resize(valid);
+  sorted_pos_.resize(valid);
+  run_starts_.clear();
+  if (pos_bits + key_bits <= 64) {
+    // Fast path (any realistic table): one array of (key << pos_bits | position), sorted on the
+    // key bits only.
+    std::vector<uint64_t> packed;
+    packed.reserve(valid);
+    for (int64_t j = 0; j < ids.nnz; ++j) {
+      const int64_t k = ids.keys[j];
+      if (k >= 0) packed.push_back((static_cast<uint64_t>(k) << pos_bits) | static_cast<uint64_t>(j));
+    }
+    radix_sort_packed(&packed, pos_bits, key_bits);
+    const uint64_t pos_mask = pos_bits == 0 ? 0 : (~uint64_t{0} >> (64 - pos_bits));
+    for (int64_t i = 0; i < valid; ++i) {
+      sorted_keys_[i] = static_cast<int64_t>(packed[i] >> pos_bits);
+      sorted_pos_[i] = static_cast<int64_t>(packed[i] & pos_mask);
+      if (i == 0 || sorted_keys_[i] != sorted_keys_[i - 1]) run_starts_.push_back(i);
+    }
+    run_starts_.push_back(valid);
+  } else {
+    std::vector<int64_t> valid_keys, valid_pos, order;
+    valid_keys.reserve(valid);
+    valid_pos.reserve(valid);
+    for (int64_t j = 0; j < ids.nnz; ++j) {
+      if (ids.keys[j] < 0) continue;
+      valid_keys.push_back(ids.keys[j]);
+      valid_pos.push_back(j);
+    }
+    sort_runs_cpu(valid_keys.data(), valid, max_key + 1, &order, &run_starts_, pool);
+    for (int64_t i = 0; i < valid; ++i) {
+      sorted_keys_[i] = valid_keys[order[i]];
+      sorted_pos_[i] = valid_pos[order[i]];
+    }
   }
-  run_starts_ = std::move(runs);
   return num_unique();
 }
+
+namespace {
+
+template <int D>
+void fill_runs(int64_t u0, int64_t u1, const int64_t* run_starts, const int64_t* sorted_keys,
+               const int64_t* sorted_pos, const int64_t* row_of_pos, const float* row_scale, const float* w,
+               const float* dy, bool mean, int64_t dim_rt, int64_t* unique_keys, float* rows) {
+  const int64_t dim = Width<D>::get(dim_rt);
+  for (int64_t u = u0; u < u1; ++u) {
+    const int64_t s = run_starts[u], t = run_starts[u + 1];
+    unique_keys[u] = sorted_keys[s];
+    float* out = rows + u * dim;
+    zero<D>(out, dim);
+    for (int64_t i = s; i < t; ++i) {
+      const int64_t pos = sorted_pos[i];
+      const int64_t r = row_of_pos[pos];
+      const float* g = dy + r * dim;
+      const float wj = w ? w[pos] : 1.f;
+      if (mean) {
+        // d(sum/wsum)/d(row) = w / wsum: divide first, as the forward did.
+        const float ws = row_scale[r];
+        for (int64_t d = 0; d < dim; ++d) out[d] += wj * (g[d] / ws);
+      } else if (w) {
+        axpy<D>(out, g, wj, dim);
+      } else {
+        add<D>(out, g, dim);
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void LookupGradCpu::fill(int64_t* unique_keys, float* rows, ThreadPool& pool) const {
   const int64_t nu = num_unique();
   if (nu <= 0) return;
   const int64_t dim = args_.dim;
   const bool mean = args_.combiner == Combiner::kMean;
-  const float* w = args_.ids.weights;
-  const float* dy = args_.grad_out;
   const int64_t cost = std::max<int64_t>(1, (static_cast<int64_t>(sorted_pos_.size()) / nu + 1) * dim);
   pool.parallel_for(nu, cost, [&](int64_t b, int64_t e) {
-    for (int64_t u = b; u < e; ++u) {
-      const int64_t s = run_starts_[u], t = run_starts_[u + 1];
-      unique_keys[u] = sorted_keys_[s];
-      float* out = rows + u * dim;
-      std::memset(out, 0, sizeof(float) * dim);
-      for (int64_t i = s; i < t; ++i) {
-        const int64_t pos = sorted_pos_[i];
-        const int64_t r = row_of_pos_[pos];
-        const float* g = dy + r * dim;
-        const float wj = w ? w[pos] : 1.f;
-        if (mean) {
-          // d(sum/wsum)/d(row) = w / wsum: divide first, as the forward did.
-          const float ws = row_scale_[r];
-          for (int64_t d = 0; d < dim; ++d) out[d] += wj * (g[d] / ws);
-        } else if (w) {
-          axpy(out, g, wj, dim);
-        } else {
-          add(out, g, dim);
-        }
-      }
-    }
+    dispatch_dim(dim, [&](auto d) {
+      fill_runs<decltype(d)::value>(b, e, run_starts_.data(), sorted_keys_.data(), sorted_pos_.data(),
+                                    row_of_pos_.data(), row_scale_.data(), args_.ids.weights, args_.grad_out,
+                                    mean, dim, unique_keys, rows);
+    });
   });
 }
 
@@ -292,7 +406,7 @@ void coalesce_cpu(const int64_t* indices, const float* rows, int64_t n, int64_t 
     for (int64_t u = b; u < e; ++u) {
       (*out_indices)[u] = indices[order[runs[u]]];
       float* out = out_rows->data() + u * dim;
-      for (int64_t i = runs[u]; i < runs[u + 1]; ++i) add(out, rows + order[i] * dim, dim);
+      for (int64_t i = runs[u]; i < runs[u + 1]; ++i) add<0>(out, rows + order[i] * dim, dim);
     }
   });
 }
@@ -309,16 +423,18 @@ void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& p
   pool.parallel_for(flat.total(), dims * cost_per_elem, [&](int64_t b, int64_t e) {
     flat.for_each(b, e, [&](int t, int64_t i0, int64_t i1) {
       const SparseUpdateArgs& a = tables[t];
-      for (int64_t i = i0; i < i1; ++i) {
-        if (i + kPrefetchDistance < i1) {
-          const int64_t kp = a.indices[i + kPrefetchDistance] * a.dim;
-          prefetch_row(a.table + kp, a.dim);
-          if (a.slot1) prefetch_row(a.slot1 + kp, a.dim);
-          if (a.slot2) prefetch_row(a.slot2 + kp, a.dim);
+      dispatch_dim(a.dim, [&](auto width) {
+        for (int64_t i = i0; i < i1; ++i) {
+          if (i + kPrefetchDistance < i1) {
+            const int64_t kp = a.indices[i + kPrefetchDistance] * a.dim;
+            prefetch_row(a.table + kp, a.dim);
+            if (a.slot1) prefetch_row(a.slot1 + kp, a.dim);
+            if (a.slot2) prefetch_row(a.slot2 + kp, a.dim);
+          }
+          const int64_t off = a.indices[i] * a.dim;
+          update(width, a, off, a.grads + i * a.dim);
         }
-        const int64_t off = a.indices[i] * a.dim;
-        update(a, off, a.grads + i * a.dim);
-      }
+      });
     });
   });
 }
@@ -327,17 +443,19 @@ void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& p
 
 void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool) {
   const float lr = p.lr;
-  sparse_update(tables, num_tables, pool, 1, [lr](const SparseUpdateArgs& a, int64_t off, const float* g) {
+  sparse_update(tables, num_tables, pool, 1, [lr](auto width, const SparseUpdateArgs& a, int64_t off, const float* g) {
+    const int64_t dim = Width<decltype(width)::value>::get(a.dim);
     float* __restrict w = a.table + off;
-    for (int64_t d = 0; d < a.dim; ++d) w[d] -= g[d] * lr;
+    for (int64_t d = 0; d < dim; ++d) w[d] -= g[d] * lr;
   });
 }
 
 void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, 4, [p](const SparseUpdateArgs& a, int64_t off, const float* g) {
+  sparse_update(tables, num_tables, pool, 4, [p](auto width, const SparseUpdateArgs& a, int64_t off, const float* g) {
+    const int64_t dim = Width<decltype(width)::value>::get(a.dim);
     float* __restrict w = a.table + off;
     float* __restrict acc = a.slot1 + off;
-    for (int64_t d = 0; d < a.dim; ++d) {
+    for (int64_t d = 0; d < dim; ++d) {
       acc[d] += g[d] * g[d];
       w[d] -= (p.lr * g[d]) / std::sqrt(acc[d] + p.epsilon);
     }
@@ -352,11 +470,12 @@ void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams 
   const float alpha = p.lr * std::sqrt(1.f - b2p) / (1.f - b1p);
   const float one_b1 = static_cast<float>(1.0 - p.beta1), one_b2 = static_cast<float>(1.0 - p.beta2);
   const float eps = p.epsilon;
-  sparse_update(tables, num_tables, pool, 6, [=](const SparseUpdateArgs& a, int64_t off, const float* g) {
+  sparse_update(tables, num_tables, pool, 6, [=](auto width, const SparseUpdateArgs& a, int64_t off, const float* g) {
+    const int64_t dim = Width<decltype(width)::value>::get(a.dim);
     float* __restrict w = a.table + off;
     float* __restrict m = a.slot1 + off;
     float* __restrict v = a.slot2 + off;
-    for (int64_t d = 0; d < a.dim; ++d) {
+    for (int64_t d = 0; d < dim; ++d) {
       m[d] += (g[d] - m[d]) * one_b1;
       v[d] += (g[d] * g[d] - v[d]) * one_b2;
       w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + eps);
