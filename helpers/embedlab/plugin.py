@@ -411,7 +411,7 @@ class EmbeddingLayer(keras.layers.Layer):
         return tf.cast(values, tf.int64)
 
     def _to_csr(self, inputs):
-        """(row_splits [B*S+1], keys [nnz], batch) from any accepted input form."""
+        """(row_splits [B*S+1], keys [nnz], batch, graph-mode check ops) from any accepted input form."""
         S, M = self.slot_num, self.max_nnz
         if isinstance(inputs, (tuple, list)) and not isinstance(inputs, tf.SparseTensor):
             if len(inputs) != 2:
@@ -422,36 +422,51 @@ class EmbeddingLayer(keras.layers.Layer):
             if offsets.shape.rank != 1 or keys.shape.rank != 1:
                 raise ValueError(f"{self._where('inputs')}: row_offsets and values must be 1-D, got shapes "
                                  f"{offsets.shape} and {keys.shape}")
+            n_off = offsets.shape[0]
+            if n_off is not None and (n_off < 1 or (n_off - 1) % S):
+                raise ValueError(f"{self._where('row_offsets')}: length - 1 must be batch * slot_num "
+                                 f"(slot_num {S}); got length {n_off}")
             rows = tf.shape(offsets, out_type=tf.int64)[0] - 1
-            self._assert(tf.equal(rows % S, 0), "row_offsets",
-                         f"length - 1 must be batch * slot_num (slot_num {S})", rows)
-            self._assert(tf.logical_and(tf.equal(offsets[0], 0),
-                                        tf.equal(offsets[-1], tf.shape(keys, out_type=tf.int64)[0])),
-                         "row_offsets", "must start at 0 and end at len(values)", offsets[-1])
+            nnz = tf.shape(keys, out_type=tf.int64)[0]
             d = offsets[1:] - offsets[:-1]
-            self._assert(tf.reduce_all(d >= 0), "row_offsets", "must be non-decreasing", tf.reduce_min(d))
-            self._assert(tf.reduce_max(tf.concat([d, [0]], 0)) <= M, "row_offsets",
-                         f"rows must hold at most max_nnz={M} keys", tf.reduce_max(tf.concat([d, [0]], 0)))
-            return offsets, keys, rows // S
+            dmin = tf.reduce_min(tf.concat([d, [0]], 0))
+            dmax = tf.reduce_max(tf.concat([d, [0]], 0))
+            first = tf.concat([offsets[:1], [0]], 0)[0]
+            checks = [(tf.equal(rows % S, 0), f"length - 1 must be batch * slot_num (slot_num {S})", rows),
+                      (tf.logical_and(tf.equal(first, 0), tf.equal(offsets[-1], nnz)),
+                       "must start at 0 and end at len(values)", tf.stack([first, offsets[-1], nnz])),
+                      (dmin >= 0, "must be non-decreasing", dmin),
+                      (dmax <= M, f"rows must hold at most max_nnz={M} keys", dmax)]
+            if tf.executing_eagerly():
+                for cond, what, value in checks:
+                    self._assert(cond, "row_offsets", what, value)
+                return offsets, keys, rows // S, []
+            # One Assert for all (each graph Assert with data costs a conditional per step).
+            ok = tf.reduce_all(tf.stack([c for c, _, _ in checks]))
+            return offsets, keys, rows // S, [tf.debugging.Assert(ok, [
+                f"{self._where('row_offsets')}: must have length batch * slot_num + 1 (slot_num {S}), start at 0, "
+                f"end at len(values), be non-decreasing, with at most max_nnz={M} keys per row; got "
+                "length - 1, first, last, len(values), smallest and largest row:",
+                rows, first, offsets[-1], nnz, dmin, dmax], summarize=8)]
         if isinstance(inputs, tf.SparseTensor):
             keys = self._keys(inputs.values, "inputs.values")
             shape = inputs.dense_shape
             rank = inputs.shape.rank
             if rank == 3:
-                self._assert(tf.logical_and(tf.equal(shape[1], S), shape[2] <= M), "inputs.dense_shape",
-                             f"must be [batch, {S}, <= {M}]", shape)
+                check = self._assert(tf.logical_and(tf.equal(shape[1], S), shape[2] <= M),
+                                     "inputs.dense_shape", f"must be [batch, {S}, <= {M}]", shape)
                 idx = inputs.indices
                 sp = tf.SparseTensor(tf.stack([idx[:, 0] * S + idx[:, 1], idx[:, 2]], 1), keys,
                                      tf.stack([shape[0] * S, shape[2]]))
             elif rank == 2:
-                self._assert(tf.logical_and(tf.equal(shape[0] % S, 0), shape[1] <= M), "inputs.dense_shape",
-                             f"must be [batch * {S}, <= {M}]", shape)
+                check = self._assert(tf.logical_and(tf.equal(shape[0] % S, 0), shape[1] <= M),
+                                     "inputs.dense_shape", f"must be [batch * {S}, <= {M}]", shape)
                 sp = tf.SparseTensor(inputs.indices, keys, shape)
             else:
                 raise ValueError(f"{self._where('inputs')}: SparseTensor must have rank 2 "
                                  f"[batch*slot_num, max_nnz] or 3 [batch, slot_num, max_nnz], got rank {rank}")
             splits, flat, _ = ops.to_csr(sp, where=f"EmbeddingLayer {self.name!r}")
-            return splits, flat, sp.dense_shape[0] // S
+            return splits, flat, sp.dense_shape[0] // S, [check] if check is not None else []
         if isinstance(inputs, tf.RaggedTensor):
             raise ValueError(f"{self._where('inputs')}: pass dense [batch, slot_num, max_nnz] keys, a SparseTensor "
                              "or (row_offsets, values); got a RaggedTensor")
@@ -468,7 +483,7 @@ class EmbeddingLayer(keras.layers.Layer):
         shp = tf.shape(keys, out_type=tf.int64)
         batch, m = shp[0], shp[2]
         splits = tf.range(batch * S + 1, dtype=tf.int64) * m
-        return splits, tf.reshape(keys, [-1]), batch
+        return splits, tf.reshape(keys, [-1]), batch, []
 
     def _assert(self, cond, arg, what, value):
         """Raise ValueError (eager) or InvalidArgumentError (graph) naming layer, argument and value."""
@@ -477,37 +492,49 @@ class EmbeddingLayer(keras.layers.Layer):
             if not bool(cond):
                 v = value.numpy() if hasattr(value, "numpy") else value
                 raise ValueError(f"{msg} {np.asarray(v).tolist()}")
-            return
-        tf.debugging.Assert(cond, [msg, value], summarize=8)
+            return None
+        return tf.debugging.Assert(cond, [msg, value], summarize=8)
 
     def _check_keys(self, splits, keys):
-        """Keys must be -1 or in [0, V) (and in their slot's range with slot_size_array)."""
-        V, S = self.vocabulary_size, self.slot_num
+        """Keys must be -1 or in [0, V) (and in their slot's range with slot_size_array).
+
+        Eager: raises ValueError naming the first bad key and its position. In a graph:
+        returns an Assert op (InvalidArgumentError when it fails) to run before the lookup.
+        """
+        V = self.vocabulary_size
+        eager = tf.executing_eagerly()
+        if not eager and self.slot_size_array is None:
+            # Two reductions instead of a mask pass (this runs every step); one of the
+            # extremes is the bad key, and the message names both.
+            lo, hi = tf.reduce_min(keys), tf.reduce_max(keys)  # empty: +max / -max, both pass
+            return tf.debugging.Assert(
+                tf.logical_and(lo >= -1, hi < V),
+                [f"{self._where('inputs')}: keys must be -1 or in [0, vocabulary_size={V}); smallest key:", lo,
+                 "largest key:", hi])
         bad = tf.logical_or(keys < -1, keys >= V)
         if self.slot_size_array is not None:
             slot = self._slots_of(splits, keys)
             lo = tf.gather(tf.constant(self._slot_offsets), slot)
             hi = lo + tf.gather(tf.constant(self.slot_size_array, tf.int64), slot)
             bad = tf.logical_or(bad, tf.logical_and(keys >= 0, tf.logical_or(keys < lo, keys >= hi)))
-        if tf.executing_eagerly():
-            if bool(tf.reduce_any(bad)):
-                i = int(tf.where(bad)[0, 0])
-                k = int(keys[i])
-                if -1 <= k < V:
-                    s = int(self._slots_of(splits, keys)[i])
-                    lo_s = int(self._slot_offsets[s])
-                    raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is "
-                                     f"outside slot {s}'s range [{lo_s}, {lo_s + self.slot_size_array[s]}) "
-                                     "given by slot_size_array")
-                raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is outside "
-                                 f"[0, vocabulary_size={V}) and is not the padding -1")
-            return None
-        first = tf.gather(keys, tf.reshape(tf.where(bad), [-1])[:1])
-        return tf.debugging.Assert(
-            tf.logical_not(tf.reduce_any(bad)),
-            [f"{self._where('inputs')}: keys must be -1 or in [0, vocabulary_size={V})"
-             + (" and inside their slot's slot_size_array range" if self.slot_size_array else "")
-             + "; first bad key:", first])
+        if not eager:
+            first = tf.gather(keys, tf.reshape(tf.where(bad), [-1])[:1])
+            return tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(bad)),
+                [f"{self._where('inputs')}: keys must be -1 or in [0, vocabulary_size={V}) and inside "
+                 "their slot's slot_size_array range; first bad key:", first])
+        if bool(tf.reduce_any(bad)):
+            i = int(tf.where(bad)[0, 0])
+            k = int(keys[i])
+            if -1 <= k < V:
+                s = int(self._slots_of(splits, keys)[i])
+                lo_s = int(self._slot_offsets[s])
+                raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is "
+                                 f"outside slot {s}'s range [{lo_s}, {lo_s + self.slot_size_array[s]}) "
+                                 "given by slot_size_array")
+            raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is outside "
+                             f"[0, vocabulary_size={V}) and is not the padding -1")
+        return None
 
     def _slots_of(self, splits, keys):
         rows = tf.ragged.row_splits_to_segment_ids(splits, out_type=tf.int64)
@@ -588,9 +615,9 @@ class EmbeddingLayer(keras.layers.Layer):
         opt.iterations.assign_add(1)
 
     def call(self, inputs):
-        splits, keys, batch = self._to_csr(inputs)
+        splits, keys, batch, deps = self._to_csr(inputs)
         check = self._check_keys(splits, keys)
-        deps = [check] if check is not None else []
+        deps = deps + ([check] if check is not None else [])
         with tf.control_dependencies(deps):
             keys = tf.identity(keys)
         out = (self._lookup_own_optimizer(splits, keys) if self.optimizer is not None

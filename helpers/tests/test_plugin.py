@@ -321,11 +321,40 @@ def test_bad_input_names_layer_argument_value(case):
     assert np.array_equal(emb.get_table(), before)
 
 
-def test_bad_key_in_graph_mode_is_invalid_argument():
-    emb = plugin.EmbeddingLayer(10, 2, 1, 2, name="g_emb")
-    f = tf.function(emb)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="g_emb"):
-        f(tf.constant([[[1, 12]]], tf.int64))
+@pytest.mark.parametrize("bad", [12, -5])
+@pytest.mark.parametrize("ssa", [None, [4, 6]])
+def test_bad_key_in_graph_mode_is_invalid_argument(bad, ssa):
+    emb = plugin.EmbeddingLayer(10, 2, 2, 2, name="g_emb", slot_size_array=ssa, optimizer=eopt.SGD(0.1))
+    before = emb.get_table()
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(emb(x))
+        return tape.gradient(loss, emb.trainable_variables)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="g_emb") as e:
+        step(tf.constant([[[1, -1], [4, bad]]], tf.int64))
+    assert str(bad) in str(e.value)
+    assert np.array_equal(emb.get_table(), before)
+
+
+@pytest.mark.parametrize("offsets,values", [([0, 1, 2], [1, 2]),            # 2 rows for 3 slots
+                                            ([0, 2, 1, 3], [1, 2, 3]),      # decreasing
+                                            ([0, 3, 3, 3], [1, 2, 3]),      # 3 keys > max_nnz 2
+                                            ([0, 1, 1, 5], [1, 2, 3])])     # ends past len(values)
+def test_bad_csr_in_graph_mode(offsets, values):
+    emb = plugin.EmbeddingLayer(10, 2, 3, 2, name="csr_emb")
+    f = tf.function(lambda o, v: emb((o, v)))
+    # A length that static shapes already rule out fails while tracing (ValueError); the rest
+    # when the graph runs (InvalidArgumentError).
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="csr_emb.*row_offsets"):
+        f(tf.constant(offsets, tf.int64), tf.constant(values, tf.int64))
+    g = tf.function(lambda o, v: emb((o, v)), input_signature=[tf.TensorSpec([None], tf.int64)] * 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="csr_emb.*row_offsets"):
+        g(tf.constant(offsets, tf.int64), tf.constant(values, tf.int64))
+    with pytest.raises(ValueError, match="csr_emb.*row_offsets"):      # eager: the specific check
+        emb((tf.constant(offsets, tf.int64), tf.constant(values, tf.int64)))
 
 
 def test_bad_constructor_arguments():
