@@ -87,6 +87,14 @@ def _block(res):
         flat[0].numpy()
 
 
+def _available_bytes():
+    try:
+        import psutil
+        return psutil.virtual_memory().available
+    except ImportError:
+        return None
+
+
 def _cpu_name():
     try:
         for line in open("/proc/cpuinfo"):
@@ -229,6 +237,12 @@ def main():
     import gc
     results = []
     for d in a.dims:
+        need = a.tables * a.rows * d * 4 * 1.25          # tables + temporaries while creating them
+        avail = _available_bytes()
+        if avail is not None and need > avail:
+            print(f"[dim {d}] skipped: needs ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available "
+                  f"(lower --rows or drop this dim)", flush=True)
+            continue
         results.append(run_dim(d, a, tf, keras, ops, eopt, _native))
         gc.collect()          # free this dim's tables (captured by its tf.functions) before the next
         try:
@@ -236,6 +250,8 @@ def main():
             print(f"[dim {d}] done; process RSS {psutil.Process().memory_info().rss / 2**30:.1f} GiB", flush=True)
         except ImportError:
             pass
+    if not results:
+        sys.exit("no dimension fitted in memory; nothing measured")
     machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                "tensorflow": tf.__version__, "keras": keras.__version__,
                "embedlab": embedlab.__version__}

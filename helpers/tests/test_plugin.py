@@ -427,6 +427,28 @@ def test_multidev_bitwise_identical_over_device_counts(rng, etype, ssa, combiner
 
 
 @multidev
+@pytest.mark.parametrize("etype", ["distributed", "localized"])
+def test_multidev_model_optimizer_trains_shards_identically(rng, etype):
+    # optimizer=None: the model's (Keras) optimizer gets one IndexedSlices per device table.
+    S, M, D, V, n = 4, 2, 3, 40, 256
+    sizes = [10, 10, 10, 10]
+    keys = (rng.integers(0, 10, (n, S, M)) + np.arange(0, 40, 10)[None, :, None]).astype(np.int64)
+    keys[rng.random(keys.shape) < 0.3] = -1
+    y = (rng.random(n) < 0.5).astype(np.float32)
+    tables = []
+    for ndev in (1, 4):
+        keras.utils.set_random_seed(3)
+        emb = plugin.EmbeddingLayer(V, D, S, M, embedding_type=etype, slot_size_array=sizes,
+                                    devices=[f"/CPU:{i}" for i in range(ndev)])
+        model = _tiny_model(emb, S, M)
+        model.compile(keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+        model.fit(keys, y, batch_size=64, epochs=2, verbose=0, shuffle=False)
+        tables.append(emb.get_table())
+    assert np.array_equal(tables[0], tables[1])
+    assert not np.array_equal(tables[0], plugin.initial_values(np.arange(V), D, 0))
+
+
+@multidev
 def test_multidev_shards_hold_their_keys():
     emb = plugin.EmbeddingLayer(10, 1, 1, 1, devices=["/CPU:0", "/CPU:1", "/CPU:2"],
                                 initializer=np.arange(10, dtype=np.float32)[:, None])
