@@ -21,7 +21,10 @@ import reference as ref  # noqa: E402
 from embedlab import ops  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 
-HELPERS = Path(__file__).resolve().parents[1]
+# The folder this process imported embedlab from (the source tree in development, site-packages
+# after `pip install ./helpers`): child processes must load the same, built, package.
+import embedlab as _embedlab  # noqa: E402
+EMBEDLAB_HOME = Path(_embedlab.__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -246,7 +249,7 @@ def test_saved_model_round_trip_in_subprocess(rng, tmp_path):
         assert np.array_equal(got, np.load({str(tmp_path / 'want.npy')!r})), (got,)
         print("OK")
     """)
-    env = dict(os.environ, PYTHONPATH=str(HELPERS) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    env = dict(os.environ, PYTHONPATH=str(EMBEDLAB_HOME) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]

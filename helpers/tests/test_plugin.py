@@ -28,7 +28,10 @@ import reference as ref  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 from embedlab import plugin  # noqa: E402
 
-HELPERS = Path(__file__).resolve().parents[1]
+# The folder this process imported embedlab from (the source tree in development, site-packages
+# after `pip install ./helpers`): child processes must load the same, built, package.
+import embedlab as _embedlab  # noqa: E402
+EMBEDLAB_HOME = Path(_embedlab.__file__).resolve().parents[1]
 multidev = pytest.mark.skipif(_NDEV < 4, reason="needs 4 logical CPU devices: runs in the child process "
                                                 "started by test_multidev_suite")
 
@@ -376,7 +379,7 @@ def test_multidev_suite():
     if _NDEV:
         pytest.skip("this is the child process")
     env = dict(os.environ, EMBEDLAB_TEST_LOGICAL_CPUS="4", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=str(HELPERS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=str(EMBEDLAB_HOME) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "multidev",
                         str(Path(__file__))], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
