@@ -46,6 +46,18 @@ void cuda_check(const char* fn, cudaError_t e, const char* what) {
                              cudaGetErrorString(e) + ")");
 }
 
+// A clear error on machines without a usable GPU (the module itself imports fine there).
+void require_gpu(const char* fn) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw std::runtime_error(std::string(fn) + ": no CUDA device is visible (" +
+                             (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") +
+                             "); the CUDA functions need an NVIDIA GPU and driver");
+  }
+}
+
 std::string shape_str(const Arr& a) {
   std::string s = "[";
   for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
@@ -84,7 +96,10 @@ struct DeviceGuard {
     else if (d != dev) fail(fn, "all arrays must be on the same CUDA device (got " + std::to_string(dev) + " and " +
                                     std::to_string(d) + ")");
   }
-  void activate() const { cuda_check(fn, cudaSetDevice(dev < 0 ? 0 : dev), "cudaSetDevice"); }
+  void activate() const {
+    require_gpu(fn);
+    cuda_check(fn, cudaSetDevice(dev < 0 ? 0 : dev), "cudaSetDevice");
+  }
 };
 
 // Scratch memory: the caller's uint8 array, or a stream-ordered allocation freed on scope exit.
@@ -206,6 +221,7 @@ size_t workspace_size(const char* fn, int64_t batch, int64_t nnz, int64_t dim, i
   if (nnz >= (int64_t{1} << 31) - 1 || batch >= (int64_t{1} << 31) - 1)
     fail(fn, "at most 2^31 - 2 keys and rows per table (got nnz " + std::to_string(nnz) + ", batch " +
                  std::to_string(batch) + ")");
+  require_gpu(fn);
   cudaError_t e = cudaSuccess;
   const size_t bytes = lookup_backward_cuda_workspace(batch, nnz, dim, num_rows, &e);
   cuda_check(fn, e, "the workspace size query");
@@ -438,6 +454,7 @@ void register_cuda(nb::module_& m) {
           g[i].dim = t[i].dim = dims[i];
           t[i].num_rows = num_rows[i];
         }
+        require_gpu(fn);
         cudaError_t e = cudaSuccess;
         const size_t bytes = lookup_backward_apply_cuda_workspace(g.data(), t.data(), static_cast<int>(n), &e);
         cuda_check(fn, e, "the workspace size query (sizes: < 2^31 keys in all, dims >= 1)");
