@@ -18,9 +18,9 @@ Example:
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
-import math
 import os
 import time
 import warnings
@@ -639,7 +639,6 @@ def split(src, dst_dir, *, counts: Sequence[int] | None = None,
     dst_dir = Path(dst_dir)
     out = {name: dst_dir / f"{name}.txt" for name in names}
     bounds = np.cumsum([0] + counts)
-    import contextlib
     with contextlib.ExitStack() as stack:
         tmps = [stack.enter_context(atomic_file(out[n])) for n in names]
         files = [stack.enter_context(open(t, "wb")) for t in tmps]

@@ -26,7 +26,6 @@ import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
