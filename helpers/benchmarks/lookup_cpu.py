@@ -226,7 +226,10 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
 def main():
     a = _parse()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, str(HERE.parent))
+    try:
+        import embedlab  # the installed package (make setup), or the source tree on PYTHONPATH
+    except ImportError:
+        sys.path.insert(0, str(HERE.parent))
     import keras
     import tensorflow as tf
 
