@@ -89,6 +89,15 @@ def tf_ops():
         raise NativeLibraryError(
             f"EmbedLab's op library was built against TensorFlow {built} but TensorFlow {running} is "
             f"imported; custom ops must be compiled against the TensorFlow that loads them: {_REBUILD}")
+    if info["tf_gpu_kernels"]:
+        # GPU kernels must use the CUDA major version TensorFlow itself was built with.
+        tf_cuda = str(tf.sysconfig.get_build_info().get("cuda_version", ""))
+        ours = str(info["cuda_version"])
+        if tf_cuda.split(".")[0] != ours.split(".")[0]:
+            raise NativeLibraryError(
+                f"EmbedLab's GPU kernels were compiled with CUDA {ours} but TensorFlow {running} was built "
+                f"with CUDA {tf_cuda or 'unknown'}; install a CUDA toolkit whose major version matches "
+                f"TensorFlow's (see README, GPU) or build with EMBEDLAB_CUDA=OFF, then {_REBUILD}")
     path = _HERE / "_embedlab_ops.so"
     if not path.exists():
         raise NativeLibraryError(f"{path} is missing; {_REBUILD}")

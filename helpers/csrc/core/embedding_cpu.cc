@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
-#include <sstream>
 #include <type_traits>
 
 #include "embedding.h"
@@ -187,39 +186,32 @@ bool parse_combiner(const std::string& name, Combiner* out) {
   return false;
 }
 
+namespace {
+
+// Messages are built with std::to_string rather than iostreams: an ostringstream here
+// segfaulted on the GPU test machine (cause not established), and these error paths must not
+// fail themselves.
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
 std::string check_ids(const CsrIds& ids, int64_t num_rows) {
-  std::ostringstream m;
-  if (ids.batch < 0 || ids.nnz < 0) {
-    m << "negative size (batch " << ids.batch << ", nnz " << ids.nnz << ")";
-    return m.str();
-  }
+  if (ids.batch < 0 || ids.nnz < 0) return "negative size (batch " + str(ids.batch) + ", nnz " + str(ids.nnz) + ")";
   const int64_t* off = ids.row_offsets;
-  if (off[0] != 0) {
-    m << "row_offsets[0] is " << off[0] << ", expected 0";
-    return m.str();
-  }
+  if (off[0] != 0) return "row_offsets[0] is " + str(off[0]) + ", expected 0";
   for (int64_t r = 0; r < ids.batch; ++r) {
-    if (off[r + 1] < off[r]) {
-      m << "row_offsets decrease at row " << r << " (" << off[r] << " then " << off[r + 1] << ")";
-      return m.str();
-    }
+    if (off[r + 1] < off[r])
+      return "row_offsets decrease at row " + str(r) + " (" + str(off[r]) + " then " + str(off[r + 1]) + ")";
   }
-  if (off[ids.batch] != ids.nnz) {
-    m << "row_offsets end at " << off[ids.batch] << " but there are " << ids.nnz << " keys";
-    return m.str();
-  }
+  if (off[ids.batch] != ids.nnz)
+    return "row_offsets end at " + str(off[ids.batch]) + " but there are " + str(ids.nnz) + " keys";
   for (int64_t j = 0; j < ids.nnz; ++j) {
     const int64_t k = ids.keys[j];
     if (k < -1 || k >= num_rows) {
       const int64_t row = std::upper_bound(off, off + ids.batch + 1, j) - off - 1;
-      if (k < -1) {
-        m << "key " << k << " at position " << j << " (row " << row
-          << ") is negative; only -1 may mark a missing key";
-      } else {
-        m << "key " << k << " at position " << j << " (row " << row
-          << ") is outside the table of " << num_rows << " rows";
-      }
-      return m.str();
+      const std::string where = "key " + str(k) + " at position " + str(j) + " (row " + str(row) + ")";
+      if (k < -1) return where + " is negative; only -1 may mark a missing key";
+      return where + " is outside the table of " + str(num_rows) + " rows";
     }
   }
   return "";
@@ -489,9 +481,7 @@ std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch,
   for (int64_t i = 0; i < nnz; ++i) {
     const int64_t r = row_index[i];
     if (r < 0 || r >= batch) {
-      std::ostringstream m;
-      m << "row index " << r << " at indices[" << i << ", 0] is outside [0, " << batch << ")";
-      return m.str();
+      return "row index " + str(r) + " at indices[" + str(i) + ", 0] is outside [0, " + str(batch) + ")";
     }
     ++row_offsets[r + 1];
   }
