@@ -32,20 +32,43 @@ def _handle(v):
 
 
 class _SparseMixin:
-    """Routes IndexedSlices gradients to one fused EmbedLab op per step, dense ones to Keras."""
+    """Routes IndexedSlices gradients to fused EmbedLab ops, dense ones to Keras."""
 
     def _sparse_apply(self, grads, variables, learning_rate):
+        """One fused op over variables that all live on one device (subclasses implement)."""
         raise NotImplementedError
+
+    def apply_sparse(self, grads, variables, learning_rate=None):
+        """Applies IndexedSlices gradients to float32 tables in place, one fused op per device.
+
+        Does not advance `iterations` (call `apply_gradients`, or advance it yourself once per
+        step) and applies no gradient clipping or loss scaling: it is the building block for
+        layers that train their own tables (see `embedlab.plugin`).
+
+        Args:
+            grads: list of `tf.IndexedSlices`.
+            variables: list of `[rows, dim]` float32 variables (tf.Variable or keras.Variable).
+            learning_rate: defaults to the optimizer's current learning rate.
+        """
+        if learning_rate is None:
+            learning_rate = self.learning_rate
+        by_device = {}
+        for g, v in zip(grads, variables):
+            by_device.setdefault(_handle(v).device, []).append((g, v))
+        for device, pairs in by_device.items():
+            # A fused op cannot take resources on different devices: one op per device.
+            with tf.device(device or None):
+                self._sparse_apply([g for g, _ in pairs], [v for _, v in pairs], learning_rate)
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if tf.distribute.has_strategy():
             # Under a strategy, Keras updates each variable through update_step (per replica).
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
         variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
-        sparse = [(g, v, kv) for g, v, kv in zip(grads, variables, trainable_variables) if _is_sparse(g, v)]
+        sparse = [(g, kv) for g, v, kv in zip(grads, variables, trainable_variables) if _is_sparse(g, v)]
         dense = [(g, kv) for g, v, kv in zip(grads, variables, trainable_variables) if not _is_sparse(g, v)]
         if sparse:
-            self._sparse_apply([g for g, _, _ in sparse], [kv for _, _, kv in sparse], learning_rate)
+            self.apply_sparse([g for g, _ in sparse], [kv for _, kv in sparse], learning_rate)
         if dense:
             super()._backend_update_step([g for g, _ in dense], [kv for _, kv in dense], learning_rate)
 

@@ -311,7 +311,7 @@ class EmbeddingLayer(keras.layers.Layer):
             raise ValueError(f"{lname}: combiner must be 'sum' or 'mean', got {combiner!r}")
         if embedding_type not in _TYPES:
             raise ValueError(f"{lname}: embedding_type must be 'distributed' or 'localized', got {embedding_type!r}")
-        if optimizer is not None and not hasattr(optimizer, "_sparse_apply"):
+        if optimizer is not None and not hasattr(optimizer, "apply_sparse"):
             raise ValueError(f"{lname}: optimizer must be None or an embedlab.optimizers instance "
                              f"(SGD, Adagrad, Adam), got {type(optimizer).__name__}")
         self.vocabulary_size = int(vocabulary_size)
@@ -601,17 +601,14 @@ class EmbeddingLayer(keras.layers.Layer):
         return fwd(self.bp_trigger.value)
 
     def _apply_own(self, grads):
-        # One compiled sparse update per device (a fused op cannot take variables living on
-        # different devices), then one step of the optimizer's counter, as apply_gradients
-        # would do. The same path for any device count, so the bits do not depend on it.
-        # (Gradient clipping / loss scaling options of the optimizer are not applied here.)
+        # One compiled sparse update per device (apply_sparse groups by device: a fused op
+        # cannot take variables living on different devices), then one step of the optimizer's
+        # counter, as apply_gradients would do. The same path for any device count, so the
+        # bits do not depend on it. (Gradient clipping / loss scaling are not applied here.)
         opt = self.optimizer
-        lr = opt.learning_rate
-        for dev, g, v in zip(self.devices, grads, self._tables):
-            if g is None:
-                continue
-            with tf.device(dev):
-                opt._sparse_apply([g], [v], lr)
+        pairs = [(g, v) for g, v in zip(grads, self._tables) if g is not None]
+        if pairs:
+            opt.apply_sparse([g for g, _ in pairs], [v for _, v in pairs])
         opt.iterations.assign_add(1)
 
     def call(self, inputs):
