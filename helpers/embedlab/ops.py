@@ -69,9 +69,9 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
     Returns:
         `(row_splits [batch + 1] int64, keys [nnz] int64, weights [nnz] float32 or None)`.
 
-    A SparseTensor is sorted by row with a stable counting sort (`EmbedLabCooToCsr`), so
-    unordered COO input is fine; this costs one pass and a gather, which pre-built CSR
-    (ragged or dense input) avoids.
+    A SparseTensor is converted by `EmbedLabSparseToCsr`: one pass to count rows, no copy when
+    its entries are in row order (canonical order), a stable counting sort otherwise, so
+    unordered COO input is fine. Pre-built CSR (ragged or dense input) skips even the pass.
 
     Example:
         >>> splits, keys, _ = to_csr(tf.ragged.constant([[3, 1], [], [7]], dtype=tf.int64))
@@ -96,15 +96,14 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
         if ids.shape.rank not in (None, 2):
             raise ValueError(f"{where}: SparseTensor ids must be [batch, max_nnz], got rank {ids.shape.rank}")
         keys = _check_keys_dtype(ids.values, where)
-        splits, perm = _lib().embed_lab_coo_to_csr(ids.indices[:, 0], ids.dense_shape[0])
-        keys = tf.gather(keys, perm)
-        w = None
+        w_in = []
         if weights is not None:
             if not isinstance(weights, tf.SparseTensor):
                 raise ValueError(f"{where}: weights must be a SparseTensor like ids, got {type(weights).__name__}")
             _assert_same(weights.indices, ids.indices, where, "weights.indices", "ids.indices")
-            w = tf.gather(_check_weights_dtype(weights.values, where), perm)
-        return splits, keys, w
+            w_in = [_check_weights_dtype(weights.values, where)]
+        splits, keys, w_out = _lib().embed_lab_sparse_to_csr(ids.indices, keys, ids.dense_shape, w_in)
+        return splits, keys, (w_out[0] if w_out else None)
 
     ids = tf.convert_to_tensor(ids)
     if ids.shape.rank == 1:
@@ -250,4 +249,4 @@ def _fused_resource_lookup_grad(op, *grads):
 
 
 tf.no_gradient("EmbedLabFusedLookupGrad")
-tf.no_gradient("EmbedLabCooToCsr")
+tf.no_gradient("EmbedLabSparseToCsr")

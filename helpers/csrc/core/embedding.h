@@ -56,12 +56,19 @@ struct LookupArgs {
 // The message does not name the op or argument: adapters prefix those.
 std::string check_ids(const CsrIds& ids, int64_t num_rows);
 
+// The row_offsets part of check_ids alone (O(batch)): what must hold before any kernel may
+// read the ids. Keys are then range-checked inside lookup_forward_cpu, in the same pass.
+std::string check_offsets(const CsrIds& ids);
+
 // ---------------------------------------------------------------------------------------
 // CPU
 // ---------------------------------------------------------------------------------------
 
-// Forward of num_tables independent lookups, parallel over (table, row block).
-void lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool);
+// Forward of num_tables independent lookups, parallel over (table, row block). Needs valid
+// row_offsets (check_offsets); keys are range-checked on the fly, which saves a separate pass
+// over them: a key outside [-1, num_rows) is never read. Returns the index of the first table
+// that had such a key (then outputs are unspecified; call check_ids for the message), or -1.
+int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool);
 
 // Backward of one table. Two phases because the number of unique keys is only known after
 // sorting: prepare() sorts and returns the count; fill() writes the outputs.
@@ -133,10 +140,11 @@ void coalesce_cpu(const int64_t* indices, const float* rows, int64_t n, int64_t 
                   std::vector<float>* out_rows, ThreadPool& pool);
 
 // COO -> CSR for a [batch, max_nnz] SparseTensor: a stable counting sort by row index.
-// row_index[nnz] in [0, batch). Writes row_offsets[batch + 1] and perm[nnz] (the position
-// in the COO arrays of the j-th CSR entry). Returns "" or an error message.
+// Entry i's row is row_index[i * stride] (stride 2 reads a [nnz, 2] indices matrix in place),
+// in [0, batch). Writes row_offsets[batch + 1] and perm[nnz] (the position in the COO arrays
+// of the j-th CSR entry). Returns "" or an error message.
 std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch,
-                           int64_t* row_offsets, int64_t* perm);
+                           int64_t* row_offsets, int64_t* perm, int64_t stride = 1);
 
 }  // namespace embedlab
 

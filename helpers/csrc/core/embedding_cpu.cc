@@ -6,6 +6,7 @@
 // only the bits the largest key needs (two 11-bit passes for a 1M-row table), which is stable
 // and so keeps contributions to one key in position order: deterministic bits.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -89,8 +90,10 @@ struct FlatIndex {
   }
 };
 
+// Returns false if a key outside [-1, num_rows) was seen (and skipped).
 template <int D>
-void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
+bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
+  bool ok = true;
   const int64_t dim = Width<D>::get(a.dim);
   const int64_t* off = a.ids.row_offsets;
   const int64_t* keys = a.ids.keys;
@@ -108,7 +111,10 @@ void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
         if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
       }
       const int64_t k = keys[j];
-      if (k < 0) continue;
+      if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(a.num_rows)) {  // k < 0 or k >= rows
+        ok &= (k == -1);
+        continue;
+      }
       const float* src = a.table + k * dim;
       if (w) {
         axpy<D>(o, src, w[j], dim);
@@ -126,6 +132,7 @@ void forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
       }
     }
   }
+  return ok;
 }
 
 // Stable LSD radix sort of indices 0..n-1 by keys[i] in [0, key_bound).
@@ -195,7 +202,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-std::string check_ids(const CsrIds& ids, int64_t num_rows) {
+std::string check_offsets(const CsrIds& ids) {
   if (ids.batch < 0 || ids.nnz < 0) return "negative size (batch " + str(ids.batch) + ", nnz " + str(ids.nnz) + ")";
   const int64_t* off = ids.row_offsets;
   if (off[0] != 0) return "row_offsets[0] is " + str(off[0]) + ", expected 0";
@@ -205,6 +212,13 @@ std::string check_ids(const CsrIds& ids, int64_t num_rows) {
   }
   if (off[ids.batch] != ids.nnz)
     return "row_offsets end at " + str(off[ids.batch]) + " but there are " + str(ids.nnz) + " keys";
+  return "";
+}
+
+std::string check_ids(const CsrIds& ids, int64_t num_rows) {
+  std::string err = check_offsets(ids);
+  if (!err.empty()) return err;
+  const int64_t* off = ids.row_offsets;
   for (int64_t j = 0; j < ids.nnz; ++j) {
     const int64_t k = ids.keys[j];
     if (k < -1 || k >= num_rows) {
@@ -217,17 +231,24 @@ std::string check_ids(const CsrIds& ids, int64_t num_rows) {
   return "";
 }
 
-void lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
+int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
   FlatIndex flat(num_tables, [&](int t) { return tables[t].ids.batch; });
-  if (flat.total() == 0) return;
+  if (flat.total() == 0) return -1;
+  std::vector<std::atomic<bool>> bad(num_tables);
+  for (auto& b : bad) b.store(false, std::memory_order_relaxed);
   int64_t work = 0;
   for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
   const int64_t cost = std::max<int64_t>(1, work / flat.total());  // ~1 ns per element
   pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) {
     flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
-      dispatch_dim(tables[t].dim, [&](auto d) { forward_rows<decltype(d)::value>(tables[t], r0, r1); });
+      dispatch_dim(tables[t].dim, [&](auto d) {
+        if (!forward_rows<decltype(d)::value>(tables[t], r0, r1)) bad[t].store(true, std::memory_order_relaxed);
+      });
     });
   });
+  for (int t = 0; t < num_tables; ++t)
+    if (bad[t].load()) return t;
+  return -1;
 }
 
 void sort_runs_cpu(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order,
@@ -476,10 +497,10 @@ void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams 
 }
 
 std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
-                           int64_t* perm) {
+                           int64_t* perm, int64_t stride) {
   std::fill(row_offsets, row_offsets + batch + 1, 0);
   for (int64_t i = 0; i < nnz; ++i) {
-    const int64_t r = row_index[i];
+    const int64_t r = row_index[i * stride];
     if (r < 0 || r >= batch) {
       return "row index " + str(r) + " at indices[" + str(i) + ", 0] is outside [0, " + str(batch) + ")";
     }
@@ -487,7 +508,7 @@ std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch,
   }
   for (int64_t r = 0; r < batch; ++r) row_offsets[r + 1] += row_offsets[r];
   std::vector<int64_t> cursor(row_offsets, row_offsets + batch);
-  for (int64_t i = 0; i < nnz; ++i) perm[cursor[row_index[i]]++] = i;
+  for (int64_t i = 0; i < nnz; ++i) perm[cursor[row_index[i * stride]]++] = i;
   return "";
 }
 

@@ -99,11 +99,15 @@ void lookup_forward(const std::vector<CF2>& tables, const std::vector<I1>& offse
       fail(fn, "outs[" + std::to_string(t) + "] must have shape [" + std::to_string(a.ids.batch) + ", " +
                    std::to_string(a.dim) + "]");
     a.out = outs[t].data();
-    const std::string err = check_ids(a.ids, a.num_rows);
+    const std::string err = check_offsets(a.ids);  // keys: checked inside the kernel
     if (!err.empty()) fail(fn, "table " + std::to_string(t) + ": " + err);
   }
-  nb::gil_scoped_release release;
-  lookup_forward_cpu(args.data(), static_cast<int>(n), pool(num_threads));
+  int bad;
+  {
+    nb::gil_scoped_release release;
+    bad = lookup_forward_cpu(args.data(), static_cast<int>(n), pool(num_threads));
+  }
+  if (bad >= 0) fail(fn, "table " + std::to_string(bad) + ": " + check_ids(args[bad].ids, args[bad].num_rows));
 }
 
 std::tuple<nb::ndarray<nb::numpy, int64_t>, nb::ndarray<nb::numpy, float>> lookup_backward(

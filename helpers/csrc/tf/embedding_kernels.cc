@@ -56,8 +56,10 @@ class LookupInputs {
     return absl::OkStatus();
   }
 
-  // Fills ids[t] from inputs; num_rows[t] < 0 skips the key-range check (the backward).
-  absl::Status Read(OpKernelContext* ctx, const std::vector<int64_t>& num_rows, std::vector<embedlab::CsrIds>* ids) {
+  // Fills ids[t] from inputs and checks row_offsets. With num_rows given, keys are checked too
+  // (otherwise the caller's kernel checks them on the fly: the forward); num_rows[t] < 0 checks
+  // only that no key is below -1 (the backward, which has no table).
+  absl::Status Read(OpKernelContext* ctx, const std::vector<int64_t>* num_rows, std::vector<embedlab::CsrIds>* ids) {
     const std::string& op = ctx->op_kernel().type_string();
     ids->resize(n_);
     for (int t = 0; t < n_; ++t) {
@@ -80,7 +82,8 @@ class LookupInputs {
                                          " but keys[", t, "] has ", c.nnz, " entries; weights must be shaped like ids");
         c.weights = w.flat<float>().data();
       }
-      const std::string err = embedlab::check_ids(c, num_rows[t] < 0 ? INT64_MAX : num_rows[t]);
+      const std::string err = num_rows == nullptr ? embedlab::check_offsets(c)
+                              : embedlab::check_ids(c, (*num_rows)[t] < 0 ? INT64_MAX : (*num_rows)[t]);
       if (!err.empty()) return errors::InvalidArgument(Where(op, "ids", t), ": ", err);
     }
     return absl::OkStatus();
@@ -140,7 +143,7 @@ class FusedLookupOp : public OpKernel {
     std::vector<int64_t> rows(n);
     for (int t = 0; t < n; ++t) rows[t] = tables[t].dim_size(0);
     std::vector<embedlab::CsrIds> ids;
-    OP_REQUIRES_OK(ctx, in_.Read(ctx, rows, &ids));
+    OP_REQUIRES_OK(ctx, in_.Read(ctx, nullptr, &ids));  // keys are checked inside the kernel
     std::vector<embedlab::LookupArgs> args(n);
     for (int t = 0; t < n; ++t) {
       Tensor* out = nullptr;
@@ -153,7 +156,9 @@ class FusedLookupOp : public OpKernel {
       args[t].out = out->flat<float>().data();
     }
     TfPool pool(ctx);
-    embedlab::lookup_forward_cpu(args.data(), n, pool);
+    const int bad = embedlab::lookup_forward_cpu(args.data(), n, pool);
+    OP_REQUIRES(ctx, bad < 0,
+                errors::InvalidArgument(Where(type_string(), "ids", bad), ": ", embedlab::check_ids(ids[bad], rows[bad])));
   }
 
  private:
@@ -172,7 +177,8 @@ class FusedLookupGradOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const int n = in_.n();
     std::vector<embedlab::CsrIds> ids;
-    OP_REQUIRES_OK(ctx, in_.Read(ctx, std::vector<int64_t>(n, -1), &ids));
+    const std::vector<int64_t> no_table(n, -1);
+    OP_REQUIRES_OK(ctx, in_.Read(ctx, &no_table, &ids));
     std::vector<embedlab::LookupGradArgs> args(n);
     for (int t = 0; t < n; ++t) {
       const Tensor& g = ctx->input(t);
@@ -219,28 +225,73 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGrad").Device(DEVICE_CPU), Fuse
 
 // ---- COO -> CSR ------------------------------------------------------------------------------
 
-class CooToCsrOp : public OpKernel {
+class SparseToCsrOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SparseToCsrOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_weights", &nw_)); }
+
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& row = ctx->input(0);
-    const Tensor& batch_t = ctx->input(1);
-    OP_REQUIRES(ctx, row.dims() == 1,
-                errors::InvalidArgument("EmbedLabCooToCsr: row_index must be a vector, got ", row.shape().DebugString()));
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(batch_t.shape()),
-                errors::InvalidArgument("EmbedLabCooToCsr: batch must be a scalar"));
-    const int64_t batch = batch_t.scalar<int64_t>()();
-    OP_REQUIRES(ctx, batch >= 0, errors::InvalidArgument("EmbedLabCooToCsr: batch must be >= 0, got ", batch));
-    Tensor *splits = nullptr, *perm = nullptr;
+    const Tensor& indices = ctx->input(0);
+    const Tensor& values = ctx->input(1);
+    const Tensor& shape = ctx->input(2);
+    const std::string& op = type_string();
+    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(1) >= 1,
+                errors::InvalidArgument(op, ": SparseTensor indices must be [nnz, rank], got ", indices.shape().DebugString()));
+    const int64_t nnz = indices.dim_size(0), rank = indices.dim_size(1);
+    OP_REQUIRES(ctx, values.dims() == 1 && values.dim_size(0) == nnz,
+                errors::InvalidArgument(op, ": SparseTensor has ", nnz, " indices but values of shape ",
+                                        values.shape().DebugString()));
+    OP_REQUIRES(ctx, shape.dims() == 1 && shape.NumElements() == rank,
+                errors::InvalidArgument(op, ": dense_shape must have ", rank, " entries"));
+    const Tensor* weights = nullptr;
+    if (nw_ > 0) {
+      weights = &ctx->input(3);
+      OP_REQUIRES(ctx, weights->dims() == 1 && weights->dim_size(0) == nnz,
+                  errors::InvalidArgument(op, ": weights have shape ", weights->shape().DebugString(), " but ids have ",
+                                          nnz, " values; weights must be shaped like ids"));
+    }
+    const int64_t batch = shape.flat<int64_t>()(0);
+    OP_REQUIRES(ctx, batch >= 0, errors::InvalidArgument(op, ": dense_shape[0] must be >= 0, got ", batch));
+    Tensor* splits = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch + 1}), &splits));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, row.shape(), &perm));
-    const std::string err = embedlab::coo_to_csr_cpu(row.flat<int64_t>().data(), row.NumElements(), batch,
-                                                     splits->flat<int64_t>().data(), perm->flat<int64_t>().data());
-    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument("EmbedLabCooToCsr: SparseTensor ", err));
+    int64_t* off = splits->flat<int64_t>().data();
+    const int64_t* idx = indices.flat<int64_t>().data();
+    std::fill(off, off + batch + 1, 0);
+    bool in_order = true;
+    for (int64_t i = 0; i < nnz; ++i) {
+      const int64_t r = idx[i * rank];
+      OP_REQUIRES(ctx, r >= 0 && r < batch,
+                  errors::InvalidArgument(op, ": SparseTensor row index ", r, " at indices[", i, ", 0] is outside [0, ",
+                                          batch, ")"));
+      if (i > 0 && r < idx[(i - 1) * rank]) in_order = false;
+      ++off[r + 1];
+    }
+    for (int64_t r = 0; r < batch; ++r) off[r + 1] += off[r];
+    if (in_order) {  // the common case: forward the buffers, no copy
+      ctx->set_output(1, values);
+      if (weights) ctx->set_output(2, *weights);
+      return;
+    }
+    Tensor *keys_out = nullptr, *w_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, values.shape(), &keys_out));
+    if (weights) OP_REQUIRES_OK(ctx, ctx->allocate_output(2, weights->shape(), &w_out));
+    std::vector<int64_t> perm(nnz);
+    const std::string err = embedlab::coo_to_csr_cpu(idx, nnz, batch, off, perm.data(), rank);
+    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(op, ": SparseTensor ", err));
+    const int64_t* v = values.flat<int64_t>().data();
+    int64_t* k = keys_out->flat<int64_t>().data();
+    for (int64_t j = 0; j < nnz; ++j) k[j] = v[perm[j]];
+    if (weights) {
+      const float* w = weights->flat<float>().data();
+      float* wo = w_out->flat<float>().data();
+      for (int64_t j = 0; j < nnz; ++j) wo[j] = w[perm[j]];
+    }
   }
+
+ private:
+  int nw_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("EmbedLabCooToCsr").Device(DEVICE_CPU), CooToCsrOp);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseToCsr").Device(DEVICE_CPU), SparseToCsrOp);
 
 // ---- sparse optimizers -----------------------------------------------------------------------
 

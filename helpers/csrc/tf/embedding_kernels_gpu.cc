@@ -456,7 +456,7 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam")
                             .HostMemory("step"),
                         SparseApplyAdamGpuOp);
 
-// EmbedLabCooToCsr has no GPU kernel: TensorFlow places it on the CPU (its inputs are small
+// EmbedLabSparseToCsr has no GPU kernel: TensorFlow places it on the CPU (its inputs are small
 // index vectors), and the GPU kernels above read the resulting CSR from device memory.
 
 }  // namespace

@@ -105,21 +105,30 @@ Backward of EmbedLabFusedLookup: per table, the ascending unique keys touched an
 gradient rows (the parts of an IndexedSlices). Deterministic for any thread count.
 )doc");
 
-REGISTER_OP("EmbedLabCooToCsr")
-    .Input("row_index: int64")
-    .Input("batch: int64")
+REGISTER_OP("EmbedLabSparseToCsr")
+    .Input("indices: int64")
+    .Input("values: int64")
+    .Input("dense_shape: int64")
+    .Input("weights: num_weights * float")
     .Output("row_splits: int64")
-    .Output("perm: int64")
+    .Output("keys: int64")
+    .Output("weights_out: num_weights * float")
+    .Attr("num_weights: int >= 0 = 0")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle idx;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &idx));
+      shape_inference::ShapeHandle idx, vals;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &idx));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &vals));
       c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Vector(c->Dim(idx, 0)));
+      c->set_output(1, vals);
+      int nw;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw));
+      for (int i = 0; i < nw; ++i) c->set_output(2 + i, vals);
       return absl::OkStatus();
     })
     .Doc(R"doc(
-Stable counting sort of COO entries by row: row_splits [batch + 1] and perm, the COO position
-of each CSR entry (gather values and weights with it).
+A [batch, max_nnz] SparseTensor (and its weights) as CSR: row_splits [batch + 1] and the keys
+in row order. Stable counting sort by row; when the entries are already in row order (any
+canonical SparseTensor) the keys and weights are forwarded without a copy.
 )doc");
 
 REGISTER_OP("EmbedLabSparseApplySGD")
