@@ -12,6 +12,7 @@
 #include "tensorflow/core/kernels/training_op_helpers.h"
 
 #include "embedding.h"
+#include "memory.h"
 
 namespace tensorflow {
 namespace {
@@ -133,6 +134,9 @@ class FusedLookupOp : public OpKernel {
                     errors::InvalidArgument(Where(type_string(), "tables", t), " must be float32, got ",
                                             DataTypeString(vars[t]->tensor()->dtype())));
         tables[t] = *vars[t]->tensor();
+        // Long-lived variables only (a transient tensor is not worth collapsing): huge pages
+        // for the table, once per buffer.
+        embedlab::advise_huge_pages(tables[t].tensor_data().data(), tables[t].TotalBytes());
       } else {
         tables[t] = ctx->input(t);
       }
@@ -312,6 +316,7 @@ void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
   for (int i = 0; i < n * (1 + kSlots); ++i) {
     OP_REQUIRES_OK(ctx, GetInputTensorFromVariable<CPUDevice, float>(ctx, i, /*lock_held=*/true, /*sparse=*/true,
                                                                      &vars[i]));
+    if (vars[i].IsInitialized()) embedlab::advise_huge_pages(vars[i].tensor_data().data(), vars[i].TotalBytes());
   }
   const int idx0 = n * (1 + kSlots), grad0 = idx0 + n;
   TfPool pool(ctx);
