@@ -59,8 +59,13 @@ test-nb:
 lab: setup
 	$(PY) -m jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=$(CURDIR)
 
+# CPU benchmarks always; the GPU one where PyTorch sees a CUDA device (it compares with PyTorch).
 bench: setup
-	for b in helpers/benchmarks/*.py; do echo "== $$b"; $(PY) $$b; done
+	$(PY) helpers/benchmarks/lookup_cpu.py
+	$(PY) helpers/benchmarks/loader.py
+	if $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
+	  $(PY) helpers/benchmarks/lookup_gpu.py; \
+	else echo "lookup_gpu.py skipped: no PyTorch with a CUDA device in $(VENV) (see its docstring)"; fi
 
 clean:
 	rm -rf build helpers/build $(VENV)/.embedlab

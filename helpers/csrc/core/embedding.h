@@ -94,6 +94,9 @@ class LookupGradCpu {
   std::vector<int64_t> row_of_pos_;   // [nnz] row of each position
   std::vector<float> row_scale_;      // [batch] 1 or 1 / sum_w for mean
   std::vector<int64_t> run_starts_;   // start of each unique-key run, plus an end sentinel
+  std::vector<uint64_t> packed_, scratch_;  // radix sort buffers
+  // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
+  // table) allocates nothing after the first call, so worker threads take no page faults.
 };
 
 // Sorts (key, payload-index) pairs by key, stable in index, and reports the runs of equal

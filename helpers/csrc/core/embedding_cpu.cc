@@ -271,14 +271,14 @@ int bits_for(uint64_t bound) {  // smallest b with 2^b >= bound
 
 // Stable LSD radix sort of packed values by bits [lo, lo + nbits), 11 bits per pass. The low
 // bits hold the position, so equal keys stay in position order without a second array.
-void radix_sort_packed(std::vector<uint64_t>* v, int lo, int nbits) {
+void radix_sort_packed(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp, int lo, int nbits) {
   constexpr int kRadixBits = 11;
   constexpr uint64_t kMask = (uint64_t{1} << kRadixBits) - 1;
   const int64_t n = static_cast<int64_t>(v->size());
   if (n < 2 || nbits == 0) return;
-  std::vector<uint64_t> tmp(n);
+  tmp->resize(n);
   uint64_t* src = v->data();
-  uint64_t* dst = tmp.data();
+  uint64_t* dst = tmp->data();
   int64_t count[kMask + 1];
   for (int shift = lo; shift < lo + nbits; shift += kRadixBits) {
     std::fill(count, count + kMask + 1, 0);
@@ -323,13 +323,14 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
   if (pos_bits + key_bits <= 64) {
     // Fast path (any realistic table): one array of (key << pos_bits | position), sorted on the
     // key bits only.
-    std::vector<uint64_t> packed;
-    packed.reserve(valid);
+    std::vector<uint64_t>& packed = packed_;
+    packed.resize(valid);
+    int64_t v = 0;
     for (int64_t j = 0; j < ids.nnz; ++j) {
       const int64_t k = ids.keys[j];
-      if (k >= 0) packed.push_back((static_cast<uint64_t>(k) << pos_bits) | static_cast<uint64_t>(j));
+      if (k >= 0) packed[v++] = (static_cast<uint64_t>(k) << pos_bits) | static_cast<uint64_t>(j);
     }
-    radix_sort_packed(&packed, pos_bits, key_bits);
+    radix_sort_packed(&packed, &scratch_, pos_bits, key_bits);
     const uint64_t pos_mask = pos_bits == 0 ? 0 : (~uint64_t{0} >> (64 - pos_bits));
     for (int64_t i = 0; i < valid; ++i) {
       sorted_keys_[i] = static_cast<int64_t>(packed[i] >> pos_bits);
@@ -362,12 +363,16 @@ void fill_runs(int64_t u0, int64_t u1, const int64_t* run_starts, const int64_t*
                const int64_t* sorted_pos, const int64_t* row_of_pos, const float* row_scale, const float* w,
                const float* dy, bool mean, int64_t dim_rt, int64_t* unique_keys, float* rows) {
   const int64_t dim = Width<D>::get(dim_rt);
+  const int64_t iend = run_starts[u1];
   for (int64_t u = u0; u < u1; ++u) {
     const int64_t s = run_starts[u], t = run_starts[u + 1];
     unique_keys[u] = sorted_keys[s];
     float* out = rows + u * dim;
     zero<D>(out, dim);
     for (int64_t i = s; i < t; ++i) {
+      // In key order the output-gradient rows come in random order, and for many tables they
+      // do not fit in cache together: prefetch ahead, as the forward does for table rows.
+      if (i + kPrefetchDistance < iend) prefetch_row(dy + row_of_pos[sorted_pos[i + kPrefetchDistance]] * dim, dim);
       const int64_t pos = sorted_pos[i];
       const int64_t r = row_of_pos[pos];
       const float* g = dy + r * dim;

@@ -195,7 +195,11 @@ class FusedLookupGradOp : public OpKernel {
       args[t].grad_out = g.flat<float>().data();
     }
     TfPool pool(ctx);
-    std::vector<embedlab::LookupGradCpu> grads(n);
+    // The per-table sort buffers live in the kernel object and keep their capacity, so steady
+    // state allocates nothing (fresh buffers on worker threads cost ~1,000 page faults a call).
+    mutex_lock lock(mu_);
+    std::vector<embedlab::LookupGradCpu>& grads = grads_;
+    grads.resize(n);
     // Many tables: one table per task, each sorted and summed on one thread. Few tables: the
     // tables in turn, each with the whole pool. The result is the same bits either way.
     const bool per_table = n >= 2 * pool.num_threads();
@@ -223,6 +227,8 @@ class FusedLookupGradOp : public OpKernel {
 
  private:
   LookupInputs in_;
+  mutex mu_;
+  std::vector<embedlab::LookupGradCpu> grads_ TF_GUARDED_BY(mu_);
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGrad").Device(DEVICE_CPU), FusedLookupGradOp);
