@@ -544,3 +544,24 @@ def test_backward_variants_give_identical_bits(rng):
     finally:
         core._set_cuda_backward_variant(*default)
     assert all(o == outs[0] for o in outs[1:])
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_multi_table_apply_accepts_a_table_with_no_rows(rng, opt):
+    """A table whose batch is 0 (empty grad_out, which frameworks give any strides) is a no-op."""
+    dims, rows = [16, 4], [50, 30]
+    offs = [np.array([0, 2, 3], np.int64), np.zeros(1, np.int64)]
+    keys = [np.array([4, 7, 7], np.int64), np.zeros(0, np.int64)]
+    dys = [rng.standard_normal((2, 16)).astype(np.float32), np.zeros((0, 4), np.float32)]
+    states = [_states(rng, r, d) for r, d in zip(rows, dims)]
+    dev = [[DEV.put(x) for x in st] for st in states]
+    core.lookup_backward_apply_multi_cuda(
+        [d[0] for d in dev], [DEV.put(o) for o in offs], [DEV.put(k) for k in keys], None, ["sum", "sum"],
+        [DEV.put(dy) for dy in dys], opt, m=[d[1] for d in dev] if opt == "adam" else None,
+        v=[d[2] for d in dev] if opt == "adam" else None, stream=DEV.stream(),
+        lr=0.02, epsilon=1e-7, beta_1=0.9, beta_2=0.999, step=1)
+    assert DEV.get(dev[1][0]).tobytes() == states[1][0].tobytes()  # the empty table is untouched
+    t0 = DEV.get(dev[0][0])
+    assert not np.array_equal(t0[[4, 7]], states[0][0][[4, 7]])  # the other one trained
+    untouched = np.setdiff1d(np.arange(rows[0]), [4, 7])
+    assert t0[untouched].tobytes() == states[0][0][untouched].tobytes()
