@@ -25,7 +25,24 @@ class TfPool final : public embedlab::ThreadPool {
   explicit TfPool(OpKernelContext* ctx) : pool_(ctx->device()->tensorflow_cpu_worker_threads()->workers) {}
   int num_threads() const override { return pool_->NumThreads(); }
   void parallel_for(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) override {
-    pool_->ParallelFor(n, cost, fn);
+    if (n <= 0) return;
+    const int threads = pool_->NumThreads();
+    // Below ~20 us of work, waking threads costs more than it saves.
+    if (threads <= 1 || n * std::max<int64_t>(cost, 1) < 20000) {
+      fn(0, n);
+      return;
+    }
+    // Exactly one contiguous block per thread. Eigen's cost model splits by the estimated
+    // cycles per unit, but our units are DRAM-latency bound (a random row each), so its estimate
+    // is off by an order of magnitude and it under-splits; equal blocks keep every core busy.
+    const int64_t blocks = std::min<int64_t>(threads, n);
+    const int64_t per = (n + blocks - 1) / blocks;
+    pool_->ParallelFor(blocks, /*cost_per_unit=*/int64_t{1} << 30, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t lo = i * per, hi = std::min(n, lo + per);
+        if (lo < hi) fn(lo, hi);
+      }
+    });
   }
 
  private:
