@@ -29,11 +29,23 @@ bool enabled() {
 bool advise_huge_pages(const void* ptr, size_t bytes, size_t min_bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (!enabled() || ptr == nullptr || bytes < min_bytes) return false;
+  // Advise a buffer the second time it is seen: a long-lived table is, while a buffer that a
+  // variable gets anew every step (dense reassignments) never pays for a collapse. Both sets
+  // are bounded: past kMaxTracked entries they start over.
+  constexpr size_t kMaxTracked = 4096;
   static std::mutex mu;
-  static std::set<std::pair<uintptr_t, size_t>> seen;  // one advice per buffer
+  static std::set<std::pair<uintptr_t, size_t>> seen_once, advised;
   {
     std::lock_guard<std::mutex> l(mu);
-    if (!seen.insert({reinterpret_cast<uintptr_t>(ptr), bytes}).second) return false;
+    const std::pair<uintptr_t, size_t> key{reinterpret_cast<uintptr_t>(ptr), bytes};
+    if (advised.count(key)) return false;
+    if (seen_once.insert(key).second) {
+      if (seen_once.size() > kMaxTracked) seen_once.clear();
+      return false;
+    }
+    seen_once.erase(key);
+    if (advised.size() >= kMaxTracked) advised.clear();
+    advised.insert(key);
   }
   constexpr uintptr_t kHuge = uintptr_t{2} << 20;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(ptr) + kHuge - 1) & ~(kHuge - 1);
