@@ -11,6 +11,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
 
+#include "adapter.h"
 #include "embedding.h"
 #include "memory.h"
 
@@ -49,85 +50,28 @@ class TfPool final : public embedlab::ThreadPool {
   thread::ThreadPool* pool_;
 };
 
-std::string Where(const std::string& op, const char* arg, int t) {
-  return op + ": " + arg + "[" + std::to_string(t) + "]";
-}
+using embedlab_tf::LookupAttrs;
+using embedlab_tf::SharedLocks;
+using embedlab_tf::Where;
 
-// Reads the shared inputs of the lookup ops (row_splits, keys, weights, combiners) and checks
-// them against each table's row count. `tables_begin` is where row_splits start (= n).
-class LookupInputs {
+// The lookup ops' CSR inputs, checked on the CPU.
+class LookupInputs : public LookupAttrs {
  public:
-  absl::Status Init(OpKernelConstruction* c) {
-    TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n_));
-    TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw_));
-    std::vector<std::string> names;
-    TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
-    if (nw_ != 0 && nw_ != n_)
-      return errors::InvalidArgument(c->def().op(), ": num_weights must be 0 or num_tables (", n_, "), got ", nw_);
-    if (static_cast<int>(names.size()) != n_)
-      return errors::InvalidArgument(c->def().op(), ": combiners has ", names.size(), " entries for ", n_, " tables");
-    combiners_.resize(n_);
-    for (int t = 0; t < n_; ++t)
-      if (!embedlab::parse_combiner(names[t], &combiners_[t]))
-        return errors::InvalidArgument(c->def().op(), ": combiners[", t, "] must be 'sum' or 'mean', got '",
-                                       names[t], "'");
-    return absl::OkStatus();
-  }
-
-  // Fills ids[t] from inputs and checks row_offsets. With num_rows given, keys are checked too
-  // (otherwise the caller's kernel checks them on the fly: the forward); num_rows[t] < 0 checks
-  // only that no key is below -1 (the backward, which has no table).
+  // Fills ids[t] and checks row_offsets. With num_rows given, keys are checked too (otherwise
+  // the caller's kernel checks them on the fly: the forward); num_rows[t] < 0 checks only that
+  // no key is below -1 (the backward, which has no table).
   absl::Status Read(OpKernelContext* ctx, const std::vector<int64_t>* num_rows, std::vector<embedlab::CsrIds>* ids) {
     const std::string& op = ctx->op_kernel().type_string();
-    ids->resize(n_);
-    for (int t = 0; t < n_; ++t) {
-      const Tensor& splits = ctx->input(n_ + t);
-      const Tensor& keys = ctx->input(2 * n_ + t);
-      if (splits.dims() != 1 || splits.NumElements() < 1)
-        return errors::InvalidArgument(Where(op, "row_splits", t), " must be a vector of batch + 1 offsets, got shape ",
-                                       splits.shape().DebugString());
-      if (keys.dims() != 1)
-        return errors::InvalidArgument(Where(op, "keys", t), " must be a vector, got shape ", keys.shape().DebugString());
+    ids->resize(n());
+    for (int t = 0; t < n(); ++t) {
       embedlab::CsrIds& c = (*ids)[t];
-      c.row_offsets = splits.flat<int64_t>().data();
-      c.keys = keys.flat<int64_t>().data();
-      c.batch = splits.NumElements() - 1;
-      c.nnz = keys.NumElements();
-      if (nw_ > 0) {
-        const Tensor& w = ctx->input(3 * n_ + t);
-        if (w.dims() != 1 || w.NumElements() != c.nnz)
-          return errors::InvalidArgument(Where(op, "weights", t), " has shape ", w.shape().DebugString(),
-                                         " but keys[", t, "] has ", c.nnz, " entries; weights must be shaped like ids");
-        c.weights = w.flat<float>().data();
-      }
+      TF_RETURN_IF_ERROR(ReadIds(ctx, t, &c));
       const std::string err = num_rows == nullptr ? embedlab::check_offsets(c)
                               : embedlab::check_ids(c, (*num_rows)[t] < 0 ? INT64_MAX : (*num_rows)[t]);
       if (!err.empty()) return errors::InvalidArgument(Where(op, "ids", t), ": ", err);
     }
     return absl::OkStatus();
   }
-
-  int n() const { return n_; }
-  embedlab::Combiner combiner(int t) const { return combiners_[t]; }
-
- private:
-  int n_ = 0, nw_ = 0;
-  std::vector<embedlab::Combiner> combiners_;
-};
-
-// Shared (reader) locks on several variables, released on scope exit.
-class SharedLocks {
- public:
-  void add(mutex* mu) {
-    mu->lock_shared();
-    held_.push_back(mu);
-  }
-  ~SharedLocks() {
-    for (mutex* mu : held_) mu->unlock_shared();
-  }
-
- private:
-  std::vector<mutex*> held_;
 };
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -139,27 +83,13 @@ class FusedLookupOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int n = in_.n();
-    // Resource variables: hold their locks (shared) while reading, as ResourceGather does.
-    std::vector<core::RefCountPtr<Var>> vars(kResource ? n : 0);
+    std::vector<core::RefCountPtr<Var>> vars;
     SharedLocks locks;
-    std::vector<Tensor> tables(n);
-    for (int t = 0; t < n; ++t) {
-      if (kResource) {
-        OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, t), &vars[t]));
-        locks.add(vars[t]->mu());
-        OP_REQUIRES(ctx, vars[t]->tensor()->dtype() == DT_FLOAT,
-                    errors::InvalidArgument(Where(type_string(), "tables", t), " must be float32, got ",
-                                            DataTypeString(vars[t]->tensor()->dtype())));
-        tables[t] = *vars[t]->tensor();
-        // Long-lived variables only (a transient tensor is not worth collapsing): huge pages
-        // for the table, once per buffer.
-        embedlab::advise_huge_pages(tables[t].tensor_data().data(), tables[t].TotalBytes());
-      } else {
-        tables[t] = ctx->input(t);
-      }
-      OP_REQUIRES(ctx, tables[t].dims() == 2,
-                  errors::InvalidArgument(Where(type_string(), "tables", t), " must be a matrix [rows, dim], got shape ",
-                                          tables[t].shape().DebugString()));
+    std::vector<Tensor> tables;
+    OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, n, kResource, &vars, &locks, &tables));
+    if (kResource) {
+      // Long-lived variables only (a transient tensor is not worth collapsing): huge pages.
+      for (const Tensor& t : tables) embedlab::advise_huge_pages(t.tensor_data().data(), t.TotalBytes());
     }
     std::vector<int64_t> rows(n);
     for (int t = 0; t < n; ++t) rows[t] = tables[t].dim_size(0);

@@ -36,10 +36,15 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
 
+#include "adapter.h"
 #include "embedding.h"
 
 namespace tensorflow {
 namespace {
+
+using embedlab_tf::LookupAttrs;
+using embedlab_tf::SharedLocks;
+using embedlab_tf::Where;
 
 using GPUDevice = Eigen::GpuDevice;
 
@@ -64,10 +69,6 @@ absl::Status CheckCudaVersions(const std::string& op) {
   return absl::OkStatus();
 }
 
-std::string Where(const std::string& op, const char* arg, int t) {
-  return op + ": " + arg + "[" + std::to_string(t) + "]";
-}
-
 // Scratch memory from TensorFlow's allocator (stream ordered with the op's work).
 absl::Status Scratch(OpKernelContext* ctx, size_t bytes, Tensor* t, void** ptr) {
   TF_RETURN_IF_ERROR(ctx->allocate_temp(DT_INT8, TensorShape({static_cast<int64_t>(std::max<size_t>(bytes, 256))}), t));
@@ -90,23 +91,11 @@ absl::Status CheckIds(OpKernelContext* ctx, const std::string& what, const embed
   return absl::OkStatus();
 }
 
-// Shared inputs of the lookup ops (row_splits, keys, weights, combiners); see embedding_ops.cc.
-class LookupInputs {
+// The lookup ops' CSR inputs, validated on the device; see embedding_ops.cc.
+class LookupInputs : public LookupAttrs {
  public:
   absl::Status Init(OpKernelConstruction* c) {
-    TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n_));
-    TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw_));
-    std::vector<std::string> names;
-    TF_RETURN_IF_ERROR(c->GetAttr("combiners", &names));
-    if (nw_ != 0 && nw_ != n_)
-      return errors::InvalidArgument(c->def().op(), ": num_weights must be 0 or num_tables (", n_, "), got ", nw_);
-    if (static_cast<int>(names.size()) != n_)
-      return errors::InvalidArgument(c->def().op(), ": combiners has ", names.size(), " entries for ", n_, " tables");
-    combiners_.resize(n_);
-    for (int t = 0; t < n_; ++t)
-      if (!embedlab::parse_combiner(names[t], &combiners_[t]))
-        return errors::InvalidArgument(c->def().op(), ": combiners[", t, "] must be 'sum' or 'mean', got '",
-                                       names[t], "'");
+    TF_RETURN_IF_ERROR(LookupAttrs::Init(c));
     return CheckCudaVersions(c->def().op());
   }
 
@@ -115,57 +104,19 @@ class LookupInputs {
   absl::Status Read(OpKernelContext* ctx, const std::vector<int64_t>& num_rows, std::vector<embedlab::CsrIds>* ids,
                     std::vector<int64_t>* max_keys = nullptr) {
     const std::string& op = ctx->op_kernel().type_string();
-    ids->resize(n_);
-    if (max_keys) max_keys->assign(n_, -1);
-    for (int t = 0; t < n_; ++t) {
-      const Tensor& splits = ctx->input(n_ + t);
-      const Tensor& keys = ctx->input(2 * n_ + t);
-      if (splits.dims() != 1 || splits.NumElements() < 1)
-        return errors::InvalidArgument(Where(op, "row_splits", t), " must be a vector of batch + 1 offsets, got shape ",
-                                       splits.shape().DebugString());
-      if (keys.dims() != 1)
-        return errors::InvalidArgument(Where(op, "keys", t), " must be a vector, got shape ", keys.shape().DebugString());
+    ids->resize(n());
+    if (max_keys) max_keys->assign(n(), -1);
+    for (int t = 0; t < n(); ++t) {
       embedlab::CsrIds& c = (*ids)[t];
-      c.row_offsets = splits.flat<int64_t>().data();
-      c.keys = keys.flat<int64_t>().data();
-      c.batch = splits.NumElements() - 1;
-      c.nnz = keys.NumElements();
+      TF_RETURN_IF_ERROR(ReadIds(ctx, t, &c));
       if (c.nnz >= (int64_t{1} << 31) - 1 || c.batch >= (int64_t{1} << 31) - 1)
         return errors::InvalidArgument(Where(op, "keys", t), ": the GPU kernels take fewer than 2^31 keys and rows "
                                        "per table, got ", c.nnz, " keys and ", c.batch, " rows");
-      if (nw_ > 0) {
-        const Tensor& w = ctx->input(3 * n_ + t);
-        if (w.dims() != 1 || w.NumElements() != c.nnz)
-          return errors::InvalidArgument(Where(op, "weights", t), " has shape ", w.shape().DebugString(),
-                                         " but keys[", t, "] has ", c.nnz, " entries; weights must be shaped like ids");
-        c.weights = w.flat<float>().data();
-      }
       TF_RETURN_IF_ERROR(CheckIds(ctx, Where(op, "ids", t), c, num_rows[t], /*allow_missing=*/true,
                                   max_keys ? &(*max_keys)[t] : nullptr));
     }
     return absl::OkStatus();
   }
-
-  int n() const { return n_; }
-  embedlab::Combiner combiner(int t) const { return combiners_[t]; }
-
- private:
-  int n_ = 0, nw_ = 0;
-  std::vector<embedlab::Combiner> combiners_;
-};
-
-class SharedLocks {
- public:
-  void add(mutex* mu) {
-    mu->lock_shared();
-    held_.push_back(mu);
-  }
-  ~SharedLocks() {
-    for (mutex* mu : held_) mu->unlock_shared();
-  }
-
- private:
-  std::vector<mutex*> held_;
 };
 
 // ---- forward ---------------------------------------------------------------------------------
@@ -177,24 +128,10 @@ class FusedLookupGpuOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int n = in_.n();
-    std::vector<core::RefCountPtr<Var>> vars(kResource ? n : 0);
+    std::vector<core::RefCountPtr<Var>> vars;
     SharedLocks locks;
-    std::vector<Tensor> tables(n);
-    for (int t = 0; t < n; ++t) {
-      if (kResource) {
-        OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, t), &vars[t]));
-        locks.add(vars[t]->mu());
-        OP_REQUIRES(ctx, vars[t]->tensor()->dtype() == DT_FLOAT,
-                    errors::InvalidArgument(Where(type_string(), "tables", t), " must be float32, got ",
-                                            DataTypeString(vars[t]->tensor()->dtype())));
-        tables[t] = *vars[t]->tensor();
-      } else {
-        tables[t] = ctx->input(t);
-      }
-      OP_REQUIRES(ctx, tables[t].dims() == 2,
-                  errors::InvalidArgument(Where(type_string(), "tables", t), " must be a matrix [rows, dim], got shape ",
-                                          tables[t].shape().DebugString()));
-    }
+    std::vector<Tensor> tables;
+    OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, n, kResource, &vars, &locks, &tables));
     std::vector<int64_t> rows(n);
     for (int t = 0; t < n; ++t) rows[t] = tables[t].dim_size(0);
     std::vector<embedlab::CsrIds> ids;
