@@ -213,3 +213,38 @@ def test_build_info_json_is_valid():
     path = os.path.join(os.path.dirname(_native.__file__), "_build_info.json")
     with open(path) as f:
         json.load(f)
+
+
+def test_huge_page_advice_on_large_tables_changes_no_values(rng):
+    """Tables over 32 MiB are madvised (and collapsed) onto huge pages on their second use:
+    lookups and sparse updates must read and write the same values before and after."""
+    import tensorflow as tf
+    from embedlab import ops, optimizers
+
+    rows, dim = 600_000, 16  # 38 MB, over the advice threshold
+    init = rng.standard_normal((rows, dim)).astype(np.float32)
+    table = tf.Variable(init)
+    ids = rng.integers(0, rows, size=(256, 3)).astype(np.int64)
+    opt = optimizers.SGD(learning_rate=0.5)
+    expect = init.astype(np.float64)
+    for step in range(4):  # uses 1 and 2 see the buffer first and second (the advice); 3, 4 after
+        out = ops.embedding_lookup(table, tf.constant(ids), "sum").numpy()
+        np.testing.assert_allclose(out, expect[ids].sum(axis=1), rtol=1e-5, atol=1e-5)
+        grad = tf.IndexedSlices(tf.ones((3, dim)), tf.constant([5, 70_000, rows - 1], tf.int64),
+                                tf.constant([rows, dim], tf.int64))
+        opt.apply_gradients([(grad, table)])
+        expect[[5, 70_000, rows - 1]] -= 0.5
+    np.testing.assert_allclose(table.numpy(), expect, rtol=1e-6, atol=1e-6)
+
+
+def test_core_backward_with_keys_too_wide_to_pack(core, rng):
+    """Keys near 2^61 leave no room to pack (key, position) in 64 bits: the two-array sort path
+    must give the same answer as the oracle."""
+    base = np.int64(2**61)
+    offsets, small = random_csr(rng, 200, 50, max_nnz=6)
+    keys = np.where(small >= 0, base + small, -1).astype(np.int64)
+    dy = rng.standard_normal((200, 8)).astype(np.float32)
+    uk, grad = core.lookup_backward(offsets, keys, None, "sum", dy, 2**62)
+    ref_k, ref_g = ref_backward(offsets, small, None, "sum", dy, 50)
+    np.testing.assert_array_equal(uk, base + ref_k)
+    np.testing.assert_allclose(grad, ref_g, rtol=1e-5, atol=1e-5)
