@@ -6,6 +6,9 @@
   formulas; Adam lazy: only touched rows' moments move).
 * `random_ids`: random CSR ids with empty rows, duplicate keys and -1 padding, in all three
   forms (ragged, sparse, dense).
+* `random_csr`, `csr_lookup`, `csr_lookup_grad`: raw CSR inputs (empty rows, -1 padding,
+  duplicates, optional Zipf-skewed keys) and vectorised float64 oracles over them, for the
+  kernel-level tests of the framework-free module (CPU and CUDA).
 * `seeded_rng`: a fresh seed per test run, printed so that a failure can be replayed with
   `EMBEDLAB_TEST_SEED=<seed>`.
 """
@@ -162,3 +165,62 @@ def np_lazy_adam(w, m, v, idx, g, lr, step, b1=0.9, b2=0.999, eps=1e-7):
     lr_t = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
     w[u] -= lr_t * m[u] / (np.sqrt(v[u]) + eps)
     return w, m, v
+
+
+# ---- raw CSR inputs and vectorised oracles (kernel-level tests) --------------------------------
+
+def random_csr(rng, batch, rows, max_nnz=5, zipf=False, zipf_a=1.2, pad=0.2, empty=0.15):
+    """CSR ids `(offsets [batch + 1], keys [nnz])`: random row lengths with extra empty rows,
+    keys uniform or Zipf(`zipf_a`)-skewed (hot keys), a share `pad` of -1 entries, and a key
+    repeated inside the first row (and so, often, across rows)."""
+    lengths = rng.integers(0, max_nnz + 1, size=batch)
+    lengths[rng.random(batch) < empty] = 0
+    offsets = np.zeros(batch + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    nnz = int(offsets[-1])
+    if zipf:
+        keys = (rng.zipf(zipf_a, size=nnz) - 1) % rows
+    else:
+        keys = rng.integers(0, rows, size=nnz)
+    keys = keys.astype(np.int64)
+    keys[rng.random(nnz) < pad] = -1
+    if nnz > 3:
+        keys[1] = keys[0] = abs(keys[0])
+    return offsets, keys
+
+
+def _row_index(offsets):
+    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+
+
+def csr_lookup(table, offsets, keys, weights, combiner):
+    """Pooled lookup in float64; mean divides by the weight sum, empty rows give zeros."""
+    batch = len(offsets) - 1
+    rows = _row_index(offsets)
+    valid = keys >= 0
+    w = np.ones(len(keys)) if weights is None else weights.astype(np.float64)
+    out = np.zeros((batch, table.shape[1]))
+    np.add.at(out, rows[valid], w[valid, None] * table[keys[valid]].astype(np.float64))
+    if combiner == "mean":
+        wsum = np.zeros(batch)
+        np.add.at(wsum, rows[valid], w[valid])
+        nz = wsum != 0
+        out[nz] /= wsum[nz, None]
+        out[~nz] = 0
+    return out
+
+
+def csr_lookup_grad(offsets, keys, weights, combiner, dy):
+    """Gradient of sum(dy * csr_lookup(table)): `(unique keys ascending, summed rows)`, float64."""
+    rows = _row_index(offsets)
+    valid = keys >= 0
+    w = np.ones(len(keys)) if weights is None else weights.astype(np.float64)
+    scale = w.copy()
+    if combiner == "mean":
+        wsum = np.zeros(len(offsets) - 1)
+        np.add.at(wsum, rows[valid], w[valid])
+        scale = w / np.where(wsum[rows] == 0, 1, wsum[rows])
+    uk, inv = np.unique(keys[valid], return_inverse=True)
+    g = np.zeros((len(uk), dy.shape[1]))
+    np.add.at(g, inv, scale[valid, None] * dy[rows[valid]].astype(np.float64))
+    return uk, g

@@ -16,6 +16,8 @@ import time
 import numpy as np
 import pytest
 
+import reference as ref
+
 
 def _load_core():
     if os.environ.get("EMBEDLAB_CORE_STANDALONE"):  # a standalone cmake build on PYTHONPATH
@@ -123,56 +125,9 @@ def rng(request):
 
 # ---- inputs and float64 oracles ----------------------------------------------------------------
 
-def random_csr(rng, batch, rows, max_nnz=5, zipf=False, pad=0.2, empty=0.15):
-    lengths = rng.integers(0, max_nnz + 1, size=batch)
-    lengths[rng.random(batch) < empty] = 0
-    offsets = np.zeros(batch + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    nnz = int(offsets[-1])
-    if zipf:  # a few keys get far more than SEGMENT contributions
-        keys = (rng.zipf(1.2, size=nnz) - 1) % rows
-    else:
-        keys = rng.integers(0, rows, size=nnz)
-    keys = keys.astype(np.int64)
-    keys[rng.random(nnz) < pad] = -1
-    if nnz > 3:  # duplicates inside one row and across rows
-        keys[1] = keys[0] = abs(keys[0])
-    return offsets, keys
-
-
-def row_index(offsets):
-    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-
-
-def ref_forward(table, offsets, keys, weights, combiner):
-    batch = len(offsets) - 1
-    rows = row_index(offsets)
-    valid = keys >= 0
-    w = np.ones(len(keys)) if weights is None else weights.astype(np.float64)
-    out = np.zeros((batch, table.shape[1]))
-    np.add.at(out, rows[valid], w[valid, None] * table[keys[valid]].astype(np.float64))
-    if combiner == "mean":
-        wsum = np.zeros(batch)
-        np.add.at(wsum, rows[valid], w[valid])
-        nz = wsum != 0
-        out[nz] /= wsum[nz, None]
-        out[~nz] = 0
-    return out
-
-
-def ref_backward(offsets, keys, weights, combiner, dy):
-    rows = row_index(offsets)
-    valid = keys >= 0
-    w = np.ones(len(keys)) if weights is None else weights.astype(np.float64)
-    scale = w.copy()
-    if combiner == "mean":
-        wsum = np.zeros(len(offsets) - 1)
-        np.add.at(wsum, rows[valid], w[valid])
-        scale = w / np.where(wsum[rows] == 0, 1, wsum[rows])
-    uk, inv = np.unique(keys[valid], return_inverse=True)
-    g = np.zeros((len(uk), dy.shape[1]))
-    np.add.at(g, inv, scale[valid, None] * dy[rows[valid]].astype(np.float64))
-    return uk, g
+random_csr = ref.random_csr  # zipf_a 1.2: a few keys get far more than SEGMENT contributions
+ref_forward = ref.csr_lookup
+ref_backward = ref.csr_lookup_grad
 
 
 def rel_err(x, ref):

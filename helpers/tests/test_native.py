@@ -8,21 +8,16 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
+import reference as ref
 from embedlab import _native
-
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
-
 
 @pytest.fixture
 def rng(request):
-    seed = (SEED + hash(request.node.name)) % 2**31
-    print(f"seed={seed}")  # shown on failure, so a failing draw can be replayed
-    return np.random.default_rng(seed)
+    return ref.seeded_rng(request)  # printed seed; replay with EMBEDLAB_TEST_SEED
 
 
 @pytest.fixture(scope="module")
@@ -30,55 +25,8 @@ def core():
     return _native.core()
 
 
-def random_csr(rng, batch, rows, max_nnz=5, zipf=False, pad=0.2, empty=0.15):
-    lengths = rng.integers(0, max_nnz + 1, size=batch)
-    lengths[rng.random(batch) < empty] = 0
-    offsets = np.zeros(batch + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    nnz = int(offsets[-1])
-    if zipf:
-        keys = (rng.zipf(1.3, size=nnz) - 1) % rows
-    else:
-        keys = rng.integers(0, rows, size=nnz)
-    keys = keys.astype(np.int64)
-    keys[rng.random(nnz) < pad] = -1
-    if nnz > 3:  # force duplicates inside one row and across rows
-        keys[1] = keys[0] = abs(keys[0])
-    return offsets, keys
-
-
-def ref_forward(table, offsets, keys, weights, combiner):
-    batch = len(offsets) - 1
-    out = np.zeros((batch, table.shape[1]), np.float64)
-    for r in range(batch):
-        acc = np.zeros(table.shape[1])
-        wsum = 0.0
-        for j in range(offsets[r], offsets[r + 1]):
-            if keys[j] < 0:
-                continue
-            w = 1.0 if weights is None else float(weights[j])
-            acc += w * table[keys[j]].astype(np.float64)
-            wsum += w
-        if combiner == "mean":
-            acc = acc / wsum if wsum != 0 else np.zeros_like(acc)
-        out[r] = acc
-    return out
-
-
-def ref_backward(offsets, keys, weights, combiner, dy, rows):
-    grad = np.zeros((rows, dy.shape[1]), np.float64)
-    for r in range(len(offsets) - 1):
-        sl = slice(offsets[r], offsets[r + 1])
-        valid = keys[sl] >= 0
-        w = np.ones(offsets[r + 1] - offsets[r]) if weights is None else weights[sl].astype(np.float64)
-        wsum = w[valid].sum()
-        for j, k in enumerate(keys[sl]):
-            if k < 0:
-                continue
-            scale = w[j] / wsum if combiner == "mean" else w[j]
-            grad[k] += scale * dy[r]
-    touched = np.unique(keys[keys >= 0])
-    return touched, grad[touched]
+def random_csr(rng, batch, rows, max_nnz=5, zipf=False):
+    return ref.random_csr(rng, batch, rows, max_nnz=max_nnz, zipf=zipf, zipf_a=1.3)
 
 
 def test_build_info_reports_the_build():
@@ -118,11 +66,11 @@ def test_core_forward_matches_float64_oracle(core, rng, combiner, weighted):
         w = rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32) if weighted else None
         tables.append(table), offs.append(o), keys.append(k), weights.append(w)
         outs.append(np.full((len(o) - 1, dim), np.nan, np.float32))  # poison: every element must be written
-        refs.append(ref_forward(table, o, k, w, combiner))
+        refs.append(ref.csr_lookup(table, o, k, w, combiner))
     core.lookup_forward(tables, offs, keys, weights if weighted else None, [combiner] * 4, outs)
-    for out, ref in zip(outs, refs):
+    for out, want in zip(outs, refs):
         assert not np.isnan(out).any()
-        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean"])
@@ -132,7 +80,7 @@ def test_core_backward_matches_oracle_and_is_deterministic(core, rng, combiner):
     w = rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32)
     dy = rng.standard_normal((batch, dim)).astype(np.float32)
     uk, grad = core.lookup_backward(o, k, w, combiner, dy, rows)
-    ref_k, ref_g = ref_backward(o, k, w, combiner, dy, rows)
+    ref_k, ref_g = ref.csr_lookup_grad(o, k, w, combiner, dy)
     np.testing.assert_array_equal(uk, ref_k)
     np.testing.assert_allclose(grad, ref_g, rtol=1e-4, atol=1e-4)
     for threads in (1, 2, 3, 8):  # same bits for any thread count and on every run
@@ -245,6 +193,6 @@ def test_core_backward_with_keys_too_wide_to_pack(core, rng):
     keys = np.where(small >= 0, base + small, -1).astype(np.int64)
     dy = rng.standard_normal((200, 8)).astype(np.float32)
     uk, grad = core.lookup_backward(offsets, keys, None, "sum", dy, 2**62)
-    ref_k, ref_g = ref_backward(offsets, small, None, "sum", dy, 50)
+    ref_k, ref_g = ref.csr_lookup_grad(offsets, small, None, "sum", dy)
     np.testing.assert_array_equal(uk, base + ref_k)
     np.testing.assert_allclose(grad, ref_g, rtol=1e-5, atol=1e-5)
