@@ -72,6 +72,7 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
     A SparseTensor is converted by `EmbedLabSparseToCsr`: one pass to count rows, no copy when
     its entries are in row order (canonical order), a stable counting sort otherwise, so
     unordered COO input is fine. Pre-built CSR (ragged or dense input) skips even the pass.
+    `fused_embedding_lookup` converts all its SparseTensor ids in one such op.
 
     Example:
         >>> splits, keys, _ = to_csr(tf.ragged.constant([[3, 1], [], [7]], dtype=tf.int64))
@@ -93,17 +94,7 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
         return splits, keys, w
 
     if isinstance(ids, tf.SparseTensor):
-        if ids.shape.rank not in (None, 2):
-            raise ValueError(f"{where}: SparseTensor ids must be [batch, max_nnz], got rank {ids.shape.rank}")
-        keys = _check_keys_dtype(ids.values, where)
-        w_in = []
-        if weights is not None:
-            if not isinstance(weights, tf.SparseTensor):
-                raise ValueError(f"{where}: weights must be a SparseTensor like ids, got {type(weights).__name__}")
-            _assert_same(weights.indices, ids.indices, where, "weights.indices", "ids.indices")
-            w_in = [_check_weights_dtype(weights.values, where)]
-        splits, keys, w_out = _lib().embed_lab_sparse_to_csr(ids.indices, keys, ids.dense_shape, w_in)
-        return splits, keys, (w_out[0] if w_out else None)
+        return _sparse_to_csr([ids], None if weights is None else [weights], where)[0]
 
     ids = tf.convert_to_tensor(ids)
     if ids.shape.rank == 1:
@@ -124,6 +115,39 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
             raise ValueError(f"{where}: weights shape {weights.shape} differs from ids shape {keys2d.shape}")
         w = tf.reshape(_check_weights_dtype(weights, where), [-1])
     return splits, tf.reshape(keys2d, [-1]), w
+
+
+def _sparse_to_csr(ids, weights, where):
+    """Several SparseTensor ids (and weights, all or none) to CSR in one op: [(splits, keys, w)]."""
+    keys, w_in = [], []
+    for t, x in enumerate(ids):
+        if x.shape.rank not in (None, 2):
+            raise ValueError(f"{where}: SparseTensor ids must be [batch, max_nnz], got rank {x.shape.rank}")
+        keys.append(_check_keys_dtype(x.values, where))
+        if weights is not None:
+            w = weights[t]
+            if not isinstance(w, tf.SparseTensor):
+                raise ValueError(f"{where}: weights must be a SparseTensor like ids, got {type(w).__name__}")
+            _assert_same(w.indices, x.indices, where, "weights.indices", "ids.indices")
+            w_in.append(_check_weights_dtype(w.values, where))
+    splits, keys, w_out = _lib().embed_lab_sparse_to_csr(
+        [x.indices for x in ids], keys, [x.dense_shape for x in ids], w_in)
+    return [(splits[t], keys[t], w_out[t] if w_out else None) for t in range(len(ids))]
+
+
+def _many_to_csr(ids, weights, where):
+    """to_csr for a list of ids; all SparseTensors among them go through a single op."""
+    n = len(ids)
+    out = [None] * n
+    sparse = [t for t in range(n) if isinstance(ids[t], tf.SparseTensor)]
+    if sparse:
+        conv = _sparse_to_csr([ids[t] for t in sparse], None if weights is None else [weights[t] for t in sparse], where)
+        for t, c in zip(sparse, conv):
+            out[t] = c
+    for t in range(n):
+        if out[t] is None:
+            out[t] = to_csr(ids[t], None if weights is None else weights[t], where)
+    return out
 
 
 def _assert_same(a, b, where, name_a, name_b):
@@ -173,7 +197,7 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             raise ValueError(f"{where}: weights must be None or one weights tensor per table")
 
     with tf.name_scope(name or "embedlab_fused_lookup"):
-        csr = [to_csr(ids[t], None if weights is None else weights[t], where) for t in range(n)]
+        csr = _many_to_csr(ids, weights, where)
         splits = [c[0] for c in csr]
         keys = [c[1] for c in csr]
         wts = [c[2] for c in csr] if weights is not None else []

@@ -110,6 +110,34 @@ def test_to_csr_sorts_unordered_coo(rng):
         assert sorted(zip(k[sl], ww[sl])) == sorted(zip(ids.keys[sl], ids.weights[sl]))
 
 
+def test_fused_lookup_converts_several_sparse_ids_in_one_op(rng):
+    # Three tables with SparseTensor ids (one in shuffled order) and one with ragged ids: the
+    # SparseTensors go through a single EmbedLabSparseToCsr; every output must match its oracle.
+    shapes = [(int(rng.integers(5, 60)), int(rng.integers(1, 9))) for _ in range(4)]
+    tables = [_table(rng, r, d) for r, d in shapes]
+    ids = [ref.random_ids(rng, int(rng.integers(1, 20)), r) for r, _ in shapes]
+    args = [ids[0].sparse(tf, True), ids[1].sparse(tf, True, shuffle_rng=rng), ids[2].ragged(tf, True),
+            ids[3].sparse(tf, True)]
+    outs = ops.fused_embedding_lookup([tf.Variable(t) for t in tables], [a[0] for a in args], "mean",
+                                      weights=[a[1] for a in args])
+    for t in range(4):
+        want = ref.np_lookup(tables[t], ids[t].splits, ids[t].keys, ids[t].weights, "mean")
+        np.testing.assert_allclose(outs[t].numpy(), want, rtol=1e-5, atol=1e-5)
+
+    @tf.function
+    def graph(x):
+        return ops.fused_embedding_lookup([tf.constant(t) for t in tables], x, "sum")
+    ops_used = [op.type for op in graph.get_concrete_function([a[0] for a in args]).graph.get_operations()]
+    assert ops_used.count("EmbedLabSparseToCsr") == 1
+
+
+def test_bad_sparse_row_index_names_the_table():
+    good = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2])
+    bad = tf.SparseTensor([[0, 0], [5, 0]], tf.constant([1, 2], tf.int64), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"EmbedLabSparseToCsr: ids\[1\].*row index 5"):
+        ops.fused_embedding_lookup([tf.ones([4, 2]), tf.ones([4, 2])], [good, bad], "sum")
+
+
 def test_all_rows_empty_and_zero_batch():
     table = tf.Variable(tf.ones([4, 3]))
     out = ops.embedding_lookup(table, tf.constant([[-1, -1], [-1, -1]], tf.int64))

@@ -17,7 +17,7 @@
 namespace embedlab {
 namespace {
 
-constexpr int kPrefetchDistance = 8;
+constexpr int kPrefetchDistance = 16;
 
 inline void prefetch_row(const float* row, int64_t dim) {
   // One prefetch per 64-byte line; rows longer than 256 floats only get their head fetched,

@@ -184,56 +184,65 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGrad").Device(DEVICE_CPU), Fuse
 
 class SparseToCsrOp : public OpKernel {
  public:
-  explicit SparseToCsrOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_weights", &nw_)); }
+  explicit SparseToCsrOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_weights", &nw_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& indices = ctx->input(0);
-    const Tensor& values = ctx->input(1);
-    const Tensor& shape = ctx->input(2);
+    // Every table's work is a few microseconds: checking and allocating here, one thread.
+    for (int t = 0; t < n_; ++t) OP_REQUIRES_OK(ctx, Convert(ctx, t));
+  }
+
+ private:
+  absl::Status Convert(OpKernelContext* ctx, int t) {
+    const Tensor& indices = ctx->input(t);
+    const Tensor& values = ctx->input(n_ + t);
+    const Tensor& shape = ctx->input(2 * n_ + t);
+    const Tensor* weights = nw_ > 0 ? &ctx->input(3 * n_ + t) : nullptr;
     const std::string& op = type_string();
-    OP_REQUIRES(ctx, indices.dims() == 2 && indices.dim_size(1) >= 1,
-                errors::InvalidArgument(op, ": SparseTensor indices must be [nnz, rank], got ", indices.shape().DebugString()));
+    const std::string ids = Where(op, "ids", t);
+    if (indices.dims() != 2 || indices.dim_size(1) < 1)
+      return errors::InvalidArgument(ids, ": SparseTensor indices must be [nnz, rank], got ", indices.shape().DebugString());
     const int64_t nnz = indices.dim_size(0), rank = indices.dim_size(1);
-    OP_REQUIRES(ctx, values.dims() == 1 && values.dim_size(0) == nnz,
-                errors::InvalidArgument(op, ": SparseTensor has ", nnz, " indices but values of shape ",
-                                        values.shape().DebugString()));
-    OP_REQUIRES(ctx, shape.dims() == 1 && shape.NumElements() == rank,
-                errors::InvalidArgument(op, ": dense_shape must have ", rank, " entries"));
-    const Tensor* weights = nullptr;
-    if (nw_ > 0) {
-      weights = &ctx->input(3);
-      OP_REQUIRES(ctx, weights->dims() == 1 && weights->dim_size(0) == nnz,
-                  errors::InvalidArgument(op, ": weights have shape ", weights->shape().DebugString(), " but ids have ",
-                                          nnz, " values; weights must be shaped like ids"));
-    }
+    if (values.dims() != 1 || values.dim_size(0) != nnz)
+      return errors::InvalidArgument(ids, ": SparseTensor has ", nnz, " indices but values of shape ",
+                                     values.shape().DebugString());
+    if (shape.dims() != 1 || shape.NumElements() != rank)
+      return errors::InvalidArgument(ids, ": dense_shape must have ", rank, " entries");
+    if (weights && (weights->dims() != 1 || weights->dim_size(0) != nnz))
+      return errors::InvalidArgument(Where(op, "weights", t), " have shape ", weights->shape().DebugString(),
+                                     " but ids have ", nnz, " values; weights must be shaped like ids");
     const int64_t batch = shape.flat<int64_t>()(0);
-    OP_REQUIRES(ctx, batch >= 0, errors::InvalidArgument(op, ": dense_shape[0] must be >= 0, got ", batch));
+    if (batch < 0) return errors::InvalidArgument(ids, ": dense_shape[0] must be >= 0, got ", batch);
     Tensor* splits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch + 1}), &splits));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(t, TensorShape({batch + 1}), &splits));
     int64_t* off = splits->flat<int64_t>().data();
     const int64_t* idx = indices.flat<int64_t>().data();
     std::fill(off, off + batch + 1, 0);
     bool in_order = true;
+    int64_t prev = 0;
     for (int64_t i = 0; i < nnz; ++i) {
       const int64_t r = idx[i * rank];
-      OP_REQUIRES(ctx, r >= 0 && r < batch,
-                  errors::InvalidArgument(op, ": SparseTensor row index ", r, " at indices[", i, ", 0] is outside [0, ",
-                                          batch, ")"));
-      if (i > 0 && r < idx[(i - 1) * rank]) in_order = false;
+      if (static_cast<uint64_t>(r) >= static_cast<uint64_t>(batch))
+        return errors::InvalidArgument(ids, ": SparseTensor row index ", r, " at indices[", i, ", 0] is outside [0, ",
+                                       batch, ")");
+      in_order &= (r >= prev);
+      prev = r;
       ++off[r + 1];
     }
     for (int64_t r = 0; r < batch; ++r) off[r + 1] += off[r];
     if (in_order) {  // the common case: forward the buffers, no copy
-      ctx->set_output(1, values);
-      if (weights) ctx->set_output(2, *weights);
-      return;
+      ctx->set_output(n_ + t, values);
+      if (weights) ctx->set_output(2 * n_ + t, *weights);
+      return absl::OkStatus();
     }
     Tensor *keys_out = nullptr, *w_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, values.shape(), &keys_out));
-    if (weights) OP_REQUIRES_OK(ctx, ctx->allocate_output(2, weights->shape(), &w_out));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(n_ + t, values.shape(), &keys_out));
+    if (weights) TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n_ + t, weights->shape(), &w_out));
     std::vector<int64_t> perm(nnz);
     const std::string err = embedlab::coo_to_csr_cpu(idx, nnz, batch, off, perm.data(), rank);
-    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(op, ": SparseTensor ", err));
+    if (!err.empty()) return errors::InvalidArgument(ids, ": SparseTensor ", err);
     const int64_t* v = values.flat<int64_t>().data();
     int64_t* k = keys_out->flat<int64_t>().data();
     for (int64_t j = 0; j < nnz; ++j) k[j] = v[perm[j]];
@@ -242,10 +251,10 @@ class SparseToCsrOp : public OpKernel {
       float* wo = w_out->flat<float>().data();
       for (int64_t j = 0; j < nnz; ++j) wo[j] = w[perm[j]];
     }
+    return absl::OkStatus();
   }
 
- private:
-  int nw_;
+  int n_, nw_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseToCsr").Device(DEVICE_CPU), SparseToCsrOp);
