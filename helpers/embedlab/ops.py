@@ -159,7 +159,7 @@ def _assert_same(a, b, where, name_a, name_b):
                                   "weights must be shaped like ids")
 
 
-def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=None, name=None):
+def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=None, name=None, optimizer=None):
     """Pooled lookups of many tables in one kernel launch.
 
     Args:
@@ -168,6 +168,16 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
         combiners: "sum" | "mean", or a list with one per table.
         weights: None, or a list of per-key float32 weights shaped like each ids (None entries allowed
             only if all are None).
+        optimizer: None, or an `embedlab.optimizers` instance that trains these tables inside the
+            backward pass (FBGEMM's "optimizer in backward", HugeCTR's embedding-owned optimizer):
+            when a `GradientTape` differentiates through this lookup with respect to the tables,
+            one compiled op per device sums each touched key's gradient and updates those rows
+            in place, without creating `IndexedSlices` tensors, and advances
+            `optimizer.iterations` by one. The tape then returns None for the tables (they are already updated): ask
+            the tape for the tables' gradients (e.g. `tape.gradient(loss, tables + dense_vars)`),
+            once per step, and apply only the other gradients. Same tables, bit for bit, as
+            taking the gradient and calling `optimizer.apply_gradients`. Tables must be
+            variables; use this optimizer instance for these tables only.
 
     Returns:
         list of `[batch_t, dim_t]` float32 tensors.
@@ -202,10 +212,19 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
         keys = [c[1] for c in csr]
         wts = [c[2] for c in csr] if weights is not None else []
         variables = [_as_variable(t) for t in tables]
+        if optimizer is not None:
+            if not hasattr(optimizer, "apply_lookup_gradients"):
+                raise ValueError(f"{where}: optimizer must be an embedlab.optimizers instance (SGD, Adagrad, "
+                                 f"Adam), got {type(optimizer).__name__}")
+            if any(v is None for v in variables):
+                raise ValueError(f"{where}: with an optimizer, every table must be a variable")
         if all(v is not None for v in variables):
             for v in variables:
                 if v.dtype != tf.float32:
                     raise ValueError(f"{where}: tables must be float32, got {v.dtype.name}")
+            if optimizer is not None:
+                return _lookup_training(variables, list(tables), splits, keys, wts, combiners, optimizer)
+            for v in variables:
                 resource_variable_ops.variable_accessed(v)  # lets GradientTape watch it
             return _lib().embed_lab_fused_resource_lookup(
                 [v.handle for v in variables], splits, keys, wts, combiners=combiners)
@@ -218,6 +237,40 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
                 raise ValueError(f"{where}: tables[{t}] must be [rows, dim], got shape {table.shape}")
             tensors.append(table)
         return _lib().embed_lab_fused_lookup(tensors, splits, keys, wts, combiners=combiners)
+
+
+def _lookup_training(variables, tables, splits, keys, wts, combiners, optimizer):
+    """The forward whose gradient updates the tables with `optimizer` (see fused_embedding_lookup)."""
+    if not optimizer.built:
+        optimizer.build(tables)
+
+    # The tape watches the tables through their handles, which go in as the inputs of the custom
+    # gradient (not as variables captured inside it: in a tf.function that would read, i.e.
+    # copy, every whole table on each step).
+    for v in variables:
+        resource_variable_ops.variable_accessed(v)
+
+    @tf.custom_gradient
+    def lookup(*handles):
+        outs = _lib().embed_lab_fused_resource_lookup(list(handles), splits, keys, wts, combiners=combiners)
+
+        def grad(*dys):
+            dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
+            by_device = {}
+            for t, v in enumerate(tables):
+                by_device.setdefault(v.handle.device, []).append(t)
+            for device, ts in by_device.items():  # one op per device: it cannot span devices
+                with tf.device(device or None):
+                    optimizer.apply_lookup_gradients(
+                        [dys[t] for t in ts], [splits[t] for t in ts], [keys[t] for t in ts],
+                        [wts[t] for t in ts] if wts else None, [combiners[t] for t in ts],
+                        [tables[t] for t in ts])
+            optimizer.iterations.assign_add(1)
+            return [None] * len(handles)
+
+        return outs, grad
+
+    return lookup(*[v.handle for v in variables])
 
 
 def embedding_lookup(table, ids, combiner: str = "sum", weights=None, name=None):

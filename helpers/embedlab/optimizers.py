@@ -60,6 +60,38 @@ class _SparseMixin:
             with tf.device(device or None):
                 self._sparse_apply([g for g, _ in pairs], [v for _, v in pairs], learning_rate)
 
+    def _slot_handles(self, variables):
+        """(optimizer name for the fused kernels, slot variable handles in their input order)."""
+        raise NotImplementedError
+
+    def apply_lookup_gradients(self, output_grads, row_splits, keys, weights, combiners, variables,
+                               learning_rate=None):
+        """Backward of a fused lookup and this optimizer's update in one compiled op per device.
+
+        The gradient rows of each touched key are summed exactly as the lookup's own gradient
+        sums them (into a buffer the op reuses, not into `IndexedSlices` tensors) and applied to
+        those table rows in place (FBGEMM's "optimizer in backward"). Same tables, bit for bit,
+        as the gradient followed by `apply_sparse`. Like `apply_sparse` it does not advance `iterations` and applies no
+        clipping or loss scaling. `embedlab.ops.fused_embedding_lookup(..., optimizer=opt)` calls
+        it from the lookup's gradient.
+
+        Args:
+            output_grads: per table, the gradient of the lookup output `[batch, dim]`.
+            row_splits, keys, weights: the CSR ids the forward used (weights: list or None).
+            combiners: one "sum" / "mean" per table.
+            variables: the `[rows, dim]` float32 tables (all on one device).
+        """
+        if learning_rate is None:
+            learning_rate = self.learning_rate
+        name, slots = self._slot_handles(variables)
+        step = tf.cast(self.iterations + 1, tf.int64)
+        _native.tf_ops().embed_lab_fused_lookup_grad_apply(
+            list(output_grads), list(row_splits), list(keys), list(weights or []),
+            [_handle(v) for v in variables], slots, tf.cast(learning_rate, tf.float32),
+            tf.constant(getattr(self, "epsilon", 0.0) or 0.0, tf.float32),
+            tf.constant(getattr(self, "beta_1", 0.0), tf.float64), tf.constant(getattr(self, "beta_2", 0.0), tf.float64),
+            step, combiners=list(combiners), optimizer=name)
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if tf.distribute.has_strategy():
             # Under a strategy, Keras updates each variable through update_step (per replica).
@@ -95,6 +127,9 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
     def __init__(self, learning_rate=0.01, name="embedlab_sgd", **kwargs):
         super().__init__(learning_rate=learning_rate, momentum=0.0, nesterov=False, name=name, **kwargs)
 
+    def _slot_handles(self, variables):
+        return "sgd", []
+
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
         _native.tf_ops().embed_lab_sparse_apply_sgd(
@@ -108,6 +143,9 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
                  name="embedlab_adagrad", **kwargs):
         super().__init__(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
                          epsilon=epsilon, name=name, **kwargs)
+
+    def _slot_handles(self, variables):
+        return "adagrad", [_handle(self._accumulators[self._get_variable_index(v)]) for v in variables]
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
@@ -124,6 +162,10 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
                  name="embedlab_adam", **kwargs):
         super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
                          amsgrad=False, name=name, **kwargs)
+
+    def _slot_handles(self, variables):
+        pos = [self._get_variable_index(v) for v in variables]
+        return "adam", ([_handle(self._momentums[i]) for i in pos] + [_handle(self._velocities[i]) for i in pos])
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)

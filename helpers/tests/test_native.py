@@ -147,6 +147,56 @@ def test_core_sparse_optimizers_touch_only_given_rows(core, rng):
     assert not m[untouched].any() and not v[untouched].any()
 
 
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_core_fused_backward_apply_equals_backward_then_update(core, rng, opt, combiner):
+    # Zipf keys (hot keys touched many times), weights, empty rows and -1 padding; dims 16
+    # (compile-time width) and 12 (run-time width). Bit for bit equal to the two-step path, for
+    # any thread count, and rows no key touched stay exactly as they were.
+    for dim in (16, 12):
+        rows, batch = 3000, 2000
+        o, k = random_csr(rng, batch, rows, max_nnz=6, zipf=True)
+        w = rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32)
+        dy = rng.standard_normal((batch, dim)).astype(np.float32)
+        table = rng.standard_normal((rows, dim)).astype(np.float32)
+        s1 = rng.uniform(0.0, 1.0, (rows, dim)).astype(np.float32)
+        s2 = rng.uniform(0.0, 1.0, (rows, dim)).astype(np.float32)
+        hp = dict(lr=0.05, epsilon=1e-6, beta_1=0.8, beta_2=0.99, step=3)
+
+        t0, a0, b0 = table.copy(), s1.copy(), s2.copy()
+        uk, g = core.lookup_backward(o, k, w, combiner, dy, rows)
+        if opt == "sgd":
+            core.sparse_sgd(t0, uk, g, hp["lr"])
+        elif opt == "adagrad":
+            core.sparse_adagrad(t0, a0, uk, g, hp["lr"], hp["epsilon"])
+        else:
+            core.sparse_adam(t0, a0, b0, uk, g, hp["lr"], hp["beta_1"], hp["beta_2"], hp["epsilon"], hp["step"])
+
+        for threads in (1, 2, 5):
+            t1, a1, b1 = table.copy(), s1.copy(), s2.copy()
+            slots = {"sgd": {}, "adagrad": {"accumulator": a1}, "adam": {"m": a1, "v": b1}}[opt]
+            core.lookup_backward_apply(t1, o, k, w, combiner, dy, opt, num_threads=threads, **slots, **hp)
+            assert t1.tobytes() == t0.tobytes(), (dim, threads)
+            assert a1.tobytes() == a0.tobytes() and b1.tobytes() == b0.tobytes()
+        untouched = np.setdiff1d(np.arange(rows), uk)
+        assert len(untouched) > 0
+        np.testing.assert_array_equal(t1[untouched], table[untouched])
+
+
+def test_core_fused_backward_apply_rejects_bad_input_and_changes_nothing(core, rng):
+    table = rng.standard_normal((10, 4)).astype(np.float32)
+    before = table.copy()
+    o = np.array([0, 1, 2], np.int64)
+    dy = np.ones((2, 4), np.float32)
+    with pytest.raises(ValueError, match=r"key 10 at position 1 \(row 1\) is outside the table of 10 rows"):
+        core.lookup_backward_apply(table, o, np.array([3, 10], np.int64), None, "sum", dy, "sgd", 0.1)
+    with pytest.raises(ValueError, match="adam needs m"):
+        core.lookup_backward_apply(table, o, np.array([3, 1], np.int64), None, "sum", dy, "adam", 0.1)
+    with pytest.raises(ValueError, match="optimizer must be 'sgd', 'adagrad' or 'adam', got 'rmsprop'"):
+        core.lookup_backward_apply(table, o, np.array([3, 1], np.int64), None, "sum", dy, "rmsprop", 0.1)
+    np.testing.assert_array_equal(table, before)
+
+
 def test_core_coo_to_csr_is_a_stable_sort(core, rng):
     batch = 50
     rows = rng.integers(0, batch, size=400).astype(np.int64)

@@ -79,22 +79,39 @@ struct LookupGradArgs {
   const float* grad_out = nullptr;  // [ids.batch, dim], the gradient of the forward output
 };
 
+struct SparseUpdateArgs;
+struct SparseOptimizer;
+
 class LookupGradCpu {
  public:
-  // Returns the number of unique valid keys.
+  // Returns the number of unique valid keys. Keys below -1 are skipped here; min_key() tells.
   int64_t prepare(const LookupGradArgs& args, ThreadPool& pool);
   // unique_keys[n_unique] (ascending), rows[n_unique, dim].
   void fill(int64_t* unique_keys, float* rows, ThreadPool& pool) const;
+  // Fused backward + optimizer (FBGEMM's "optimizer in backward"): sums each unique key's
+  // gradient row exactly as fill() does, into a buffer this object keeps, and applies `opt` to
+  // those table rows (and their slots) in place. `target` gives table / slot1 / slot2 /
+  // num_rows / dim (its indices, grads and n are ignored). Equal to fill() followed by
+  // sparse_<opt>_cpu on the unique keys, bit for bit. Needs min_key() >= -1 and
+  // max_key() < target.num_rows (the caller checks; nothing is checked here).
+  void apply(const SparseUpdateArgs& target, const SparseOptimizer& opt, ThreadPool& pool) const;
   int64_t num_unique() const { return static_cast<int64_t>(run_starts_.size()) - 1; }
+  // The smallest key prepare() saw (any key, -1 and invalid ones included) and the largest
+  // valid one; -1 when there were none. Lets adapters validate without another pass.
+  int64_t min_key() const { return min_key_; }
+  int64_t max_key() const { return max_key_; }
 
  private:
   LookupGradArgs args_;
+  int64_t min_key_ = -1, max_key_ = -1;
   std::vector<int64_t> sorted_keys_;  // valid keys, sorted by (key, position)
   std::vector<int64_t> sorted_pos_;   // their positions j
   std::vector<int64_t> row_of_pos_;   // [nnz] row of each position
   std::vector<float> row_scale_;      // [batch] 1 or 1 / sum_w for mean
   std::vector<int64_t> run_starts_;   // start of each unique-key run, plus an end sentinel
   std::vector<uint64_t> packed_, scratch_;  // radix sort buffers
+  mutable std::vector<int64_t> apply_keys_;  // apply(): the summed rows before the update
+  mutable std::vector<float> apply_rows_;
   // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
   // table) allocates nothing after the first call, so worker threads take no page faults.
 };
@@ -127,6 +144,21 @@ struct AdagradParams { float lr; float epsilon; };
 // w -= alpha * m / (sqrt(v) + epsilon), alpha = lr * sqrt(1 - b2^t) / (1 - b1^t), t = step.
 // The betas are double: Keras computes 1 - beta in Python doubles and rounds once to float.
 struct AdamParams { float lr; double beta1; double beta2; float epsilon; int64_t step; };
+
+// The optimizer a fused backward applies (CPU: LookupGradCpu::apply; CUDA:
+// lookup_backward_apply_cuda).
+enum class OptimizerKind : int32_t { kSgd = 0, kAdagrad = 1, kAdam = 2 };
+struct SparseOptimizer {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  SgdParams sgd{0.f};
+  AdagradParams adagrad{0.f, 0.f};
+  AdamParams adam{0.f, 0.9f, 0.999f, 1e-7f, 1};
+};
+
+// A SparseOptimizer from its name ("sgd" | "adagrad" | "adam") and hyperparameters (those the
+// optimizer does not use are ignored). Returns "" or what was wrong.
+std::string make_optimizer(const std::string& name, float lr, float epsilon, double beta1, double beta2,
+                           int64_t step, SparseOptimizer* out);
 
 void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool);
 void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p,
@@ -209,15 +241,6 @@ size_t lookup_backward_cuda_workspace(int64_t batch, int64_t nnz, int64_t dim, i
                                       cudaError_t* err = nullptr);
 cudaError_t lookup_backward_cuda(const LookupGradArgs& args, int64_t num_rows, int64_t* unique_keys, float* rows,
                                  int64_t* num_unique, void* workspace, size_t workspace_bytes, cudaStream_t stream);
-
-// The optimizer a fused backward applies.
-enum class OptimizerKind : int32_t { kSgd = 0, kAdagrad = 1, kAdam = 2 };
-struct SparseOptimizer {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  SgdParams sgd{0.f};
-  AdagradParams adagrad{0.f, 0.f};
-  AdamParams adam{0.f, 0.9f, 0.999f, 1e-7f, 1};
-};
 
 // Fused backward + optimizer: sorts the keys, sums each key's gradient row and applies the
 // optimizer to that table row (and its slots) directly; the gradient is never written out.

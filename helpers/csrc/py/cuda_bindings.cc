@@ -295,19 +295,8 @@ SparseUpdateArgs target_of(const char* fn, DeviceGuard& dev, const Arr& table, c
 SparseOptimizer optimizer_of(const char* fn, const std::string& name, float lr, float eps, double b1, double b2,
                              int64_t step) {
   SparseOptimizer o;
-  if (name == "sgd") {
-    o.kind = OptimizerKind::kSgd;
-    o.sgd = {lr};
-  } else if (name == "adagrad") {
-    o.kind = OptimizerKind::kAdagrad;
-    o.adagrad = {lr, eps};
-  } else if (name == "adam") {
-    if (step < 1) fail(fn, "step must be >= 1, got " + std::to_string(step));
-    o.kind = OptimizerKind::kAdam;
-    o.adam = {lr, b1, b2, eps, step};
-  } else {
-    fail(fn, "optimizer must be 'sgd', 'adagrad' or 'adam', got '" + name + "'");
-  }
+  const std::string err = make_optimizer(name, lr, eps, b1, b2, step, &o);
+  if (!err.empty()) fail(fn, err);
   return o;
 }
 

@@ -163,6 +163,44 @@ void check_slot(const char* fn, const char* name, const F2& slot, const SparseUp
     fail(fn, std::string(name) + " must have the table's shape");
 }
 
+void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const std::optional<F1>& weights,
+                           const std::string& combiner, const CF2& grad_out, const std::string& optimizer, float lr,
+                           std::optional<F2> accumulator, std::optional<F2> m, std::optional<F2> v, float epsilon,
+                           double beta_1, double beta_2, int64_t step, int num_threads) {
+  const char* fn = "lookup_backward_apply";
+  SparseOptimizer opt;
+  std::string err = make_optimizer(optimizer, lr, epsilon, beta_1, beta_2, step, &opt);
+  if (!err.empty()) fail(fn, err);
+  LookupGradArgs g;
+  g.ids = csr_of(fn, 0, offsets, keys, weights ? &*weights : nullptr);
+  g.combiner = combiner_of(fn, combiner);
+  g.dim = static_cast<int64_t>(grad_out.shape(1));
+  if (grad_out.shape(0) != static_cast<size_t>(g.ids.batch))
+    fail(fn, "grad_out has " + std::to_string(grad_out.shape(0)) + " rows, ids have " + std::to_string(g.ids.batch));
+  if (static_cast<int64_t>(table.shape(1)) != g.dim)
+    fail(fn, "table has dim " + std::to_string(table.shape(1)) + ", grad_out " + std::to_string(g.dim));
+  g.grad_out = grad_out.data();
+  SparseUpdateArgs t;
+  t.table = table.data();
+  t.num_rows = static_cast<int64_t>(table.shape(0));
+  t.dim = g.dim;
+  auto slot = [&](std::optional<F2>& a, const char* name, bool needed) -> float* {
+    if (!needed) return nullptr;
+    if (!a) fail(fn, optimizer + " needs " + name);
+    check_slot(fn, name, *a, t);
+    return a->data();
+  };
+  t.slot1 = opt.kind == OptimizerKind::kAdagrad ? slot(accumulator, "accumulator", true)
+                                                 : slot(m, "m", opt.kind == OptimizerKind::kAdam);
+  t.slot2 = slot(v, "v", opt.kind == OptimizerKind::kAdam);
+  err = check_ids(g.ids, t.num_rows);  // before anything is written: the table stays as it was
+  if (!err.empty()) fail(fn, err);
+  nb::gil_scoped_release release;
+  LookupGradCpu grad;
+  grad.prepare(g, pool(num_threads));
+  grad.apply(t, opt, pool(num_threads));
+}
+
 }  // namespace
 
 NB_MODULE(_embedlab_core, m) {
@@ -173,6 +211,13 @@ NB_MODULE(_embedlab_core, m) {
   m.def("lookup_backward", &lookup_backward, nb::arg("row_offsets"), nb::arg("keys"), nb::arg("weights").none(),
         nb::arg("combiner"), nb::arg("grad_out"), nb::arg("num_rows"), nb::arg("num_threads") = 0,
         "Backward of one table's lookup: (unique_keys ascending, summed gradient rows).");
+  m.def("lookup_backward_apply", &lookup_backward_apply, nb::arg("table"), nb::arg("row_offsets"), nb::arg("keys"),
+        nb::arg("weights").none(), nb::arg("combiner"), nb::arg("grad_out"), nb::arg("optimizer"), nb::arg("lr"),
+        nb::arg("accumulator").none() = nb::none(), nb::arg("m").none() = nb::none(),
+        nb::arg("v").none() = nb::none(), nb::arg("epsilon") = 1e-7f, nb::arg("beta_1") = 0.9,
+        nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("num_threads") = 0,
+        "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam') on the touched rows of `table` (in place);\n"
+        "the gradient is never materialized. Same bits as lookup_backward followed by sparse_<opt>.");
   m.def(
       "sparse_sgd",
       [](F2 table, I1 indices, CF2 grads, float lr, int num_threads) {

@@ -2,6 +2,9 @@
 // runs before anything is written, so bad input leaves tables and optimizer state unchanged.
 #define EIGEN_USE_THREADS
 
+#include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,61 +129,93 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedResourceLookup").Device(DEVICE_CPU), 
 
 // ---- backward --------------------------------------------------------------------------------
 
-class FusedLookupGradOp : public OpKernel {
- public:
-  explicit FusedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, in_.Init(c)); }
+// Runs fn(t, pool) for every table. Many tables: one table per task, each on one thread. Few:
+// the tables in turn, each with the whole pool. The result is the same bits either way.
+void ForEachTable(TfPool& pool, int n, const std::function<void(int, embedlab::ThreadPool&)>& fn) {
+  if (n >= 2 * pool.num_threads()) {
+    pool.parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) fn(static_cast<int>(t), embedlab::inline_pool());
+    });
+  } else {
+    for (int t = 0; t < n; ++t) fn(t, pool);
+  }
+}
 
-  void Compute(OpKernelContext* ctx) override {
+// The first half of every backward op: output gradients (inputs 0..n) and CSR ids read and
+// checked, each table's keys sorted (LookupGradCpu::prepare), keys validated from prepare's
+// min/max (no separate pass). The sort buffers live here and keep their capacity, so steady
+// state allocates nothing (fresh buffers on worker threads cost ~1,000 page faults a call);
+// callers hold `mu` while they use grads().
+class GradPrep {
+ public:
+  absl::Status Init(OpKernelConstruction* c) { return in_.Init(c); }
+  int n() const { return in_.n(); }
+
+  // num_rows[t] < 0: no table to check against (only keys below -1 are errors).
+  absl::Status Run(OpKernelContext* ctx, TfPool& pool, const std::vector<int64_t>& num_rows)
+      TF_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const int n = in_.n();
+    const std::string& op = ctx->op_kernel().type_string();
     std::vector<embedlab::CsrIds> ids;
-    const std::vector<int64_t> no_table(n, -1);
-    OP_REQUIRES_OK(ctx, in_.Read(ctx, &no_table, &ids));
-    std::vector<embedlab::LookupGradArgs> args(n);
+    TF_RETURN_IF_ERROR(in_.Read(ctx, nullptr, &ids));  // offsets; keys are checked below
+    args_.resize(n);
     for (int t = 0; t < n; ++t) {
       const Tensor& g = ctx->input(t);
-      OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == ids[t].batch,
-                  errors::InvalidArgument(Where(type_string(), "grads", t), " must have shape [", ids[t].batch,
-                                          ", dim], got ", g.shape().DebugString()));
-      args[t].ids = ids[t];
-      args[t].combiner = in_.combiner(t);
-      args[t].dim = g.dim_size(1);
-      args[t].grad_out = g.flat<float>().data();
+      if (g.dims() != 2 || g.dim_size(0) != ids[t].batch)
+        return errors::InvalidArgument(Where(op, "grads", t), " must have shape [", ids[t].batch, ", dim], got ",
+                                       g.shape().DebugString());
+      args_[t].ids = ids[t];
+      args_[t].combiner = in_.combiner(t);
+      args_[t].dim = g.dim_size(1);
+      args_[t].grad_out = g.flat<float>().data();
     }
+    grads_.resize(n);
+    pool.parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) grads_[t].prepare(args_[t], embedlab::inline_pool());
+    });
+    for (int t = 0; t < n; ++t) {
+      const int64_t rows = num_rows[t] < 0 ? INT64_MAX : num_rows[t];
+      if (grads_[t].min_key() < -1 || grads_[t].max_key() >= rows)
+        return errors::InvalidArgument(Where(op, "ids", t), ": ", embedlab::check_ids(ids[t], rows));
+    }
+    return absl::OkStatus();
+  }
+
+  std::vector<embedlab::LookupGradCpu>& grads() TF_EXCLUSIVE_LOCKS_REQUIRED(mu) { return grads_; }
+  const embedlab::LookupGradArgs& args(int t) const { return args_[t]; }
+
+  mutex mu;
+
+ private:
+  LookupInputs in_;
+  std::vector<embedlab::LookupGradArgs> args_ TF_GUARDED_BY(mu);
+  std::vector<embedlab::LookupGradCpu> grads_ TF_GUARDED_BY(mu);
+};
+
+class FusedLookupGradOp : public OpKernel {
+ public:
+  explicit FusedLookupGradOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, prep_.Init(c)); }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = prep_.n();
     TfPool pool(ctx);
-    // The per-table sort buffers live in the kernel object and keep their capacity, so steady
-    // state allocates nothing (fresh buffers on worker threads cost ~1,000 page faults a call).
-    mutex_lock lock(mu_);
-    std::vector<embedlab::LookupGradCpu>& grads = grads_;
-    grads.resize(n);
-    // Many tables: one table per task, each sorted and summed on one thread. Few tables: the
-    // tables in turn, each with the whole pool. The result is the same bits either way.
-    const bool per_table = n >= 2 * pool.num_threads();
-    auto prepare = [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) grads[t].prepare(args[t], embedlab::inline_pool());
-    };
-    pool.parallel_for(n, 1 << 20, prepare);
+    mutex_lock lock(prep_.mu);
+    OP_REQUIRES_OK(ctx, prep_.Run(ctx, pool, std::vector<int64_t>(n, -1)));
+    std::vector<embedlab::LookupGradCpu>& grads = prep_.grads();
     std::vector<int64_t*> keys_out(n);
     std::vector<float*> rows_out(n);
     for (int t = 0; t < n; ++t) {
       Tensor *k = nullptr, *r = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({grads[t].num_unique()}), &k));
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + t, TensorShape({grads[t].num_unique(), args[t].dim}), &r));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(n + t, TensorShape({grads[t].num_unique(), prep_.args(t).dim}), &r));
       keys_out[t] = k->flat<int64_t>().data();
       rows_out[t] = r->flat<float>().data();
     }
-    if (per_table) {
-      pool.parallel_for(n, 1 << 20, [&](int64_t b, int64_t e) {
-        for (int64_t t = b; t < e; ++t) grads[t].fill(keys_out[t], rows_out[t], embedlab::inline_pool());
-      });
-    } else {
-      for (int t = 0; t < n; ++t) grads[t].fill(keys_out[t], rows_out[t], pool);
-    }
+    ForEachTable(pool, n, [&](int t, embedlab::ThreadPool& p) { grads[t].fill(keys_out[t], rows_out[t], p); });
   }
 
  private:
-  LookupInputs in_;
-  mutex mu_;
-  std::vector<embedlab::LookupGradCpu> grads_ TF_GUARDED_BY(mu_);
+  GradPrep prep_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGrad").Device(DEVICE_CPU), FusedLookupGradOp);
@@ -268,23 +303,69 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseToCsr").Device(DEVICE_CPU), SparseTo
 
 // Shared by the three optimizer ops: `num_slots` resource inputs follow the variables
 // (0 for SGD, 1 for Adagrad, 2 for Adam); then indices, grads, and the scalar hyperparameters.
+// The variables of an in-place update: n tables and their optimizer slots, the resource
+// inputs [first, first + n * (1 + slots)) (tables, then slot 1 of every table, then slot 2),
+// locked exclusively in address order (TensorFlow's own helper) while this object lives, and
+// checked: initialized float matrices, slots shaped like their table. sparse=true, as
+// TensorFlow's own ResourceSparseApply* ops do: the variable switches once to copy-on-read mode
+// and is then updated in place. The dense protocol (sparse=false) would copy the whole table on
+// every update once any sparse op (e.g. tf.gather) has touched the variable.
+class LockedState {
+ public:
+  absl::Status Lock(OpKernelContext* ctx, int first, int n, int slots, const char* slot1_name) {
+    n_ = n;
+    std::vector<int> inputs;
+    for (int i = 0; i < n * (1 + slots); ++i) inputs.push_back(first + i);
+    locks_.emplace(MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true, /*sparse=*/true,
+                                                                          inputs));
+    vars_.resize(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      TF_RETURN_IF_ERROR(GetInputTensorFromVariable<CPUDevice, float>(ctx, inputs[i], /*lock_held=*/true,
+                                                                      /*sparse=*/true, &vars_[i]));
+      if (vars_[i].IsInitialized()) embedlab::advise_huge_pages(vars_[i].tensor_data().data(), vars_[i].TotalBytes());
+    }
+    const std::string& op = ctx->op_kernel().type_string();
+    const char* names[3] = {"vars", slot1_name, "vs"};
+    for (int t = 0; t < n; ++t) {
+      const Tensor& w = vars_[t];
+      if (!w.IsInitialized() || w.dims() != 2)
+        return errors::InvalidArgument(Where(op, "vars", t), " must be an initialized float matrix, got ",
+                                       w.shape().DebugString());
+      for (int s = 1; s <= slots; ++s) {
+        const Tensor& v = vars_[s * n + t];
+        if (!v.IsInitialized() || v.shape() != w.shape())
+          return errors::InvalidArgument(Where(op, names[s], t), " must be an initialized float matrix shaped like vars[",
+                                         t, "] ", w.shape().DebugString(), ", got ", v.shape().DebugString());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t rows(int t) const { return vars_[t].dim_size(0); }
+  int64_t dim(int t) const { return vars_[t].dim_size(1); }
+  // Table t as an update target (indices, grads and n left empty).
+  embedlab::SparseUpdateArgs target(int t) {
+    embedlab::SparseUpdateArgs a;
+    a.table = vars_[t].flat<float>().data();
+    const int slots = static_cast<int>(vars_.size()) / n_ - 1;
+    a.slot1 = slots >= 1 ? vars_[n_ + t].flat<float>().data() : nullptr;
+    a.slot2 = slots >= 2 ? vars_[2 * n_ + t].flat<float>().data() : nullptr;
+    a.num_rows = rows(t);
+    a.dim = dim(t);
+    return a;
+  }
+
+ private:
+  int n_ = 0;
+  std::optional<VariableInputLockHolder> locks_;
+  std::vector<Tensor> vars_;
+};
+
 template <int kSlots, typename Apply>
 void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
   const std::string& op = self->type_string();
-  std::vector<int> var_inputs;
-  for (int i = 0; i < n * (1 + kSlots); ++i) var_inputs.push_back(i);
-  // Exclusive locks in address order (TF's own helper). sparse=true, as TensorFlow's own
-  // ResourceSparseApply* ops do: the variable switches once to copy-on-read mode and is then
-  // updated in place. The dense protocol (sparse=false) would copy the whole table on every
-  // update once any sparse op (e.g. tf.gather) has touched the variable.
-  auto locks = MaybeLockVariableInputMutexesInOrder<CPUDevice, float>(ctx, /*do_lock=*/true, /*sparse=*/true,
-                                                                       var_inputs);
-  std::vector<Tensor> vars(n * (1 + kSlots));
-  for (int i = 0; i < n * (1 + kSlots); ++i) {
-    OP_REQUIRES_OK(ctx, GetInputTensorFromVariable<CPUDevice, float>(ctx, i, /*lock_held=*/true, /*sparse=*/true,
-                                                                     &vars[i]));
-    if (vars[i].IsInitialized()) embedlab::advise_huge_pages(vars[i].tensor_data().data(), vars[i].TotalBytes());
-  }
+  LockedState state;
+  OP_REQUIRES_OK(ctx, state.Lock(ctx, 0, n, kSlots, kSlots == 1 ? "accumulators" : "ms"));
   const int idx0 = n * (1 + kSlots), grad0 = idx0 + n;
   TfPool pool(ctx);
   std::vector<embedlab::SparseUpdateArgs> args(n);
@@ -292,17 +373,9 @@ void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
   std::vector<std::vector<int64_t>> co_idx(n);
   std::vector<std::vector<float>> co_rows(n);
   for (int t = 0; t < n; ++t) {
-    const Tensor& w = vars[t];
-    const char* names[3] = {"vars", kSlots == 1 ? "accumulators" : "ms", "vs"};
-    for (int s = 0; s <= kSlots; ++s) {
-      const Tensor& v = vars[s * n + t];
-      OP_REQUIRES(ctx, v.IsInitialized() && v.dims() == 2 && v.shape() == w.shape(),
-                  errors::InvalidArgument(Where(op, names[s], t), " must be an initialized float matrix shaped like vars[",
-                                          t, "] ", w.shape().DebugString(), ", got ", v.shape().DebugString()));
-    }
     const Tensor& idx = ctx->input(idx0 + t);
     const Tensor& g = ctx->input(grad0 + t);
-    const int64_t rows = w.dim_size(0), dim = w.dim_size(1);
+    const int64_t rows = state.rows(t), dim = state.dim(t);
     OP_REQUIRES(ctx, idx.dims() == 1,
                 errors::InvalidArgument(Where(op, "indices", t), " must be a vector, got ", idx.shape().DebugString()));
     OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == idx.NumElements() && g.dim_size(1) == dim,
@@ -316,11 +389,7 @@ void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
                                           " is outside the table of ", rows, " rows; nothing was updated"));
     }
     embedlab::SparseUpdateArgs& a = args[t];
-    a.table = vars[t].flat<float>().data();
-    a.slot1 = kSlots >= 1 ? vars[n + t].flat<float>().data() : nullptr;
-    a.slot2 = kSlots >= 2 ? vars[2 * n + t].flat<float>().data() : nullptr;
-    a.num_rows = rows;
-    a.dim = dim;
+    a = state.target(t);
     if (embedlab::strictly_increasing(ip, m)) {
       a.indices = ip;
       a.grads = g.flat<float>().data();
@@ -406,6 +475,61 @@ class SparseApplyAdamOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplySGD").Device(DEVICE_CPU), SparseApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdagrad").Device(DEVICE_CPU), SparseApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam").Device(DEVICE_CPU), SparseApplyAdamOp);
+
+// ---- fused backward + optimizer --------------------------------------------------------------
+
+class FusedLookupGradApplyOp : public OpKernel {
+ public:
+  explicit FusedLookupGradApplyOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, prep_.Init(c));
+    OP_REQUIRES_OK(c, c->GetAttr("num_weights", &nw_));
+    OP_REQUIRES_OK(c, c->GetAttr("num_slots", &ns_));
+    OP_REQUIRES_OK(c, c->GetAttr("optimizer", &optimizer_));
+    const int per_table = optimizer_ == "adam" ? 2 : optimizer_ == "adagrad" ? 1 : 0;
+    OP_REQUIRES(c, ns_ == per_table * prep_.n(),
+                errors::InvalidArgument(c->def().op(), ": ", optimizer_, " needs ", per_table * prep_.n(),
+                                        " slot variables for ", prep_.n(), " tables, got ", ns_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = prep_.n();
+    const int var0 = 3 * n + nw_, hyper0 = var0 + n + ns_;
+    EMBEDLAB_SCALAR(lr, hyper0, "lr");
+    EMBEDLAB_SCALAR(eps, hyper0 + 1, "epsilon");
+    const Tensor& b1 = ctx->input(hyper0 + 2);
+    const Tensor& b2 = ctx->input(hyper0 + 3);
+    const Tensor& step = ctx->input(hyper0 + 4);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(b1.shape()) && TensorShapeUtils::IsScalar(b2.shape()) &&
+                         TensorShapeUtils::IsScalar(step.shape()),
+                errors::InvalidArgument(type_string(), ": beta_1, beta_2 and step must be scalars"));
+    embedlab::SparseOptimizer opt;
+    const std::string err = embedlab::make_optimizer(optimizer_, lr, eps, b1.scalar<double>()(), b2.scalar<double>()(),
+                                                     step.scalar<int64_t>()(), &opt);
+    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(type_string(), ": ", err));
+
+    LockedState state;
+    OP_REQUIRES_OK(ctx, state.Lock(ctx, var0, n, ns_ / n, optimizer_ == "adagrad" ? "accumulators" : "ms"));
+    std::vector<int64_t> rows(n);
+    for (int t = 0; t < n; ++t) rows[t] = state.rows(t);
+    TfPool pool(ctx);
+    mutex_lock lock(prep_.mu);
+    OP_REQUIRES_OK(ctx, prep_.Run(ctx, pool, rows));  // every key checked against its table
+    for (int t = 0; t < n; ++t) {
+      OP_REQUIRES(ctx, state.dim(t) == prep_.args(t).dim,
+                  errors::InvalidArgument(Where(type_string(), "grads", t), " has dim ", prep_.args(t).dim,
+                                          " but vars[", t, "] has dim ", state.dim(t)));
+    }
+    std::vector<embedlab::LookupGradCpu>& grads = prep_.grads();
+    ForEachTable(pool, n, [&](int t, embedlab::ThreadPool& p) { grads[t].apply(state.target(t), opt, p); });
+  }
+
+ private:
+  GradPrep prep_;
+  int nw_, ns_;
+  std::string optimizer_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGradApply").Device(DEVICE_CPU), FusedLookupGradApplyOp);
 
 }  // namespace
 }  // namespace tensorflow

@@ -105,6 +105,34 @@ Backward of EmbedLabFusedLookup: per table, the ascending unique keys touched an
 gradient rows (the parts of an IndexedSlices). Deterministic for any thread count.
 )doc");
 
+REGISTER_OP("EmbedLabFusedLookupGradApply")
+    .Input("grads: num_tables * float")
+    .Input("row_splits: num_tables * int64")
+    .Input("keys: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Input("vars: num_tables * resource")
+    .Input("slots: num_slots * resource")
+    .Input("lr: float")
+    .Input("epsilon: float")
+    .Input("beta_1: double")
+    .Input("beta_2: double")
+    .Input("step: int64")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("num_slots: int >= 0")
+    .Attr("combiners: list(string)")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc(R"doc(
+Backward of EmbedLabFusedResourceLookup fused with a sparse optimizer update (FBGEMM's
+"optimizer in backward"): per table, each touched key's gradient row is summed exactly as
+EmbedLabFusedLookupGrad sums it (into a buffer the kernel reuses, not an output tensor) and the
+optimizer is applied to those table rows in place. Same bits as EmbedLabFusedLookupGrad followed by
+EmbedLabSparseApply<optimizer>. slots: none for sgd, the accumulators for adagrad, m then v
+(num_tables each) for adam. Hyperparameters an optimizer does not use are ignored; step is
+Adam's 1-based step. Every check runs before anything is written.
+)doc");
+
 REGISTER_OP("EmbedLabSparseToCsr")
     .Input("indices: num_tables * int64")
     .Input("values: num_tables * int64")
