@@ -14,6 +14,13 @@ Measured, per dim, in the same run:
   `tf.nn.safe_embedding_lookup_sparse` (the op a TensorFlow user would otherwise pick). The
   EmbedLab side is timed twice: with the same COO `SparseTensor` (converted to CSR inside,
   by a counting sort) and with pre-built CSR (`tf.RaggedTensor`) input.
+* in graph: the forward and the train steps again, `--steps-per-call` (K) steps per
+  tf.function call, like Keras' `steps_per_execution`, so that TensorFlow's per-call Python
+  overhead (about 2 ms on the 2-core VM for 26 SparseTensor arguments, the same for both
+  sides) is paid once per K steps. Every step uses the next of K batches of fresh keys (also
+  in the per-call cases), so no step finds its rows in cache from the step before.
+* optimizer in backward: EmbedLab's step with `fused_embedding_lookup(..., optimizer=SGD)`,
+  where one op sums the gradient rows and updates the tables (no IndexedSlices tensors).
 * train step: forward, backward (`GradientTape`) and an SGD update with
   `embedlab.optimizers.SGD` (fused sparse kernel) vs the native step
   (safe_embedding_lookup_sparse + tape + `keras.optimizers.SGD`). Both use the loss
@@ -54,6 +61,9 @@ def _parse():
     p.add_argument("--keys", choices=["uniform", "zipf"], default="uniform",
                    help="key distribution: uniform over the rows (cache-unfriendly) or Zipf(1.1) "
                         "power law like Criteo's categories (hot rows stay in cache)")
+    p.add_argument("--steps-per-call", type=int, default=8,
+                   help="steps per tf.function call in the in-graph measurement (like Keras' "
+                        "steps_per_execution); each step takes the next of this many batches")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE / "results" / "lookup_cpu.json")
     return p.parse_args()
@@ -76,6 +86,18 @@ def _interleaved_ms(cases, warmup, repeats):
             times[name].append((time.perf_counter() - t0) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}, \
            {name: min(t) for name, t in times.items()}
+
+
+class _Cycle:
+    """Calls fn with the next of several inputs on every call (fresh keys each step)."""
+
+    def __init__(self, fn, inputs):
+        self.fn, self.inputs, self.i = fn, inputs, 0
+
+    def __call__(self, _):
+        x = self.inputs[self.i % len(self.inputs)]
+        self.i += 1
+        return self.fn(x)
 
 
 def _block(res):
@@ -113,34 +135,39 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     tables = [tf.Variable(tf.random.uniform([a.rows, dim], -0.05, 0.05, seed=a.seed + t),
                           name=f"table_{t}") for t in range(T)]
     perm = rng.permutation(a.rows).astype(np.int64) if a.keys == "zipf" else None
-    sp_ids, rg_ids = [], []
-    nkeys = 0
-    for _ in range(T):
-        counts = rng.integers(1, a.max_keys + 1, size=B)
-        nkeys += int(counts.sum())
-        if a.keys == "uniform":
-            keys = rng.integers(0, a.rows, size=int(counts.sum()), dtype=np.int64)
-        else:  # power law over ranks, ranks scattered over the table by a fixed permutation
-            ranks = (rng.zipf(1.1, size=int(counts.sum())) - 1) % a.rows
-            keys = perm[ranks]
-        rows = np.repeat(np.arange(B, dtype=np.int64), counts)
-        cols = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
-        sp_ids.append(tf.SparseTensor(np.stack([rows, cols], 1), keys, [B, a.max_keys]))
-        rg_ids.append(tf.RaggedTensor.from_row_lengths(keys, counts.astype(np.int64)))
+    K = a.steps_per_call
+    batches = []  # K batches of fresh keys: consecutive steps do not find their rows in cache
+    for _ in range(K):
+        sp_ids, rg_ids = [], []
+        nkeys = 0
+        for _ in range(T):
+            counts = rng.integers(1, a.max_keys + 1, size=B)
+            nkeys += int(counts.sum())
+            if a.keys == "uniform":
+                keys = rng.integers(0, a.rows, size=int(counts.sum()), dtype=np.int64)
+            else:  # power law over ranks, ranks scattered over the table by a fixed permutation
+                ranks = (rng.zipf(1.1, size=int(counts.sum())) - 1) % a.rows
+                keys = perm[ranks]
+            rows = np.repeat(np.arange(B, dtype=np.int64), counts)
+            cols = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
+            sp_ids.append(tf.SparseTensor(np.stack([rows, cols], 1), keys, [B, a.max_keys]))
+            rg_ids.append(tf.RaggedTensor.from_row_lengths(keys, counts.astype(np.int64)))
+        batches.append((sp_ids, rg_ids))
+    sp_ids, rg_ids = batches[0]
     r = [tf.constant(rng.standard_normal((B, dim)).astype(np.float32)) for _ in range(T)]
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def fwd_native(ids):
         return [tf.nn.safe_embedding_lookup_sparse(tables[t], ids[t], combiner="sum") for t in range(T)]
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def fwd_embedlab(ids):
         return ops.fused_embedding_lookup(tables, ids, "sum")
 
     def _loss(outs):
         return tf.add_n([tf.reduce_sum(o * r[t]) for t, o in enumerate(outs)])
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def grad_native(ids):
         with tf.GradientTape() as tape:
             loss = _loss([tf.nn.safe_embedding_lookup_sparse(tables[t], ids[t], combiner="sum")
@@ -148,7 +175,7 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         g = tape.gradient(loss, tables)
         return [x.values for x in g]
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def grad_embedlab(ids):
         with tf.GradientTape() as tape:
             loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
@@ -160,7 +187,7 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     e_sgd = eopt.SGD(learning_rate=0.01)
     e_sgd.build(tables)
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def step_native(ids):
         with tf.GradientTape() as tape:
             loss = _loss([tf.nn.safe_embedding_lookup_sparse(tables[t], ids[t], combiner="sum")
@@ -168,12 +195,41 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         k_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
         return loss
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def step_embedlab(ids):
         with tf.GradientTape() as tape:
             loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
         e_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
         return loss
+
+    f_sgd = eopt.SGD(learning_rate=0.01)
+    f_sgd.build(tables)
+
+    @tf.function(reduce_retracing=True)
+    def step_embedlab_fused(ids):
+        # The optimizer inside the backward: one op sums the gradient rows and updates the tables.
+        with tf.GradientTape() as tape:
+            loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum", optimizer=f_sgd))
+        tape.gradient(loss, tables)
+        return loss
+
+    def in_graph(step):
+        """K steps in one tf.function call, step b on batch b (COO ids captured, not passed).
+
+        Like Keras' steps_per_execution: TensorFlow's per-call Python overhead (about 2 ms on
+        this VM for 26 SparseTensor arguments, the same for both sides) is paid once per K
+        steps. Each step starts after the previous one finished (control dependency), so
+        neither side overlaps steps.
+        """
+        def run(_):
+            dep = tf.constant(0.0)
+            for b in range(K):
+                with tf.control_dependencies([dep]):
+                    ids = [tf.SparseTensor(tf.identity(x.indices), x.values, x.dense_shape) for x in batches[b][0]]
+                res = step(ids)
+                dep = res if isinstance(res, tf.Tensor) else tf.add_n([o[0, 0] for o in res])
+            return dep
+        return tf.function(run)
 
     # Same answer first (a benchmark of a wrong result is worthless).
     vals = [tf.convert_to_tensor(t) for t in tables]
@@ -203,12 +259,27 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     res = {"dim": dim, "keys_per_batch": nkeys, "load_average_before": os.getloadavg()[0]}
     w, r_ = a.warmup, a.repeats
     print(f"[dim {dim}] timing (all cases interleaved)...", flush=True)
+    # Per call: one step per tf.function call, the ids passed as arguments (cycling through
+    # the K batches), as a Python training loop calls its step.
+    ring = {"sp": [b[0] for b in batches], "rg": [b[1] for b in batches]}
+    cyc = lambda fn, kind: (_Cycle(fn, ring[kind]), None)  # noqa: E731
     med, mins = _interleaved_ms({
-        "fwd_native_ms": (fwd_native, sp_ids), "fwd_embedlab_coo_ms": (fwd_embedlab, sp_ids),
-        "fwd_embedlab_csr_ms": (fwd_embedlab, rg_ids),
-        "fwdbwd_native_ms": (grad_native, sp_ids), "fwdbwd_embedlab_coo_ms": (grad_embedlab, sp_ids),
-        "step_native_ms": (step_native, sp_ids), "step_embedlab_coo_ms": (step_embedlab, sp_ids),
-        "step_embedlab_csr_ms": (step_embedlab, rg_ids), **pieces}, w, r_)
+        "fwd_native_ms": cyc(fwd_native, "sp"), "fwd_embedlab_coo_ms": cyc(fwd_embedlab, "sp"),
+        "fwd_embedlab_csr_ms": cyc(fwd_embedlab, "rg"),
+        "fwdbwd_native_ms": cyc(grad_native, "sp"), "fwdbwd_embedlab_coo_ms": cyc(grad_embedlab, "sp"),
+        "step_native_ms": cyc(step_native, "sp"), "step_embedlab_coo_ms": cyc(step_embedlab, "sp"),
+        "step_embedlab_csr_ms": cyc(step_embedlab, "rg"), "step_embedlab_fused_ms": cyc(step_embedlab_fused, "sp"),
+        # In graph: K steps per call (see in_graph); reported per step below.
+        "graph_fwd_native_ms": (in_graph(fwd_native.python_function), 0),
+        "graph_fwd_embedlab_ms": (in_graph(fwd_embedlab.python_function), 0),
+        "graph_step_native_ms": (in_graph(step_native.python_function), 0),
+        "graph_step_embedlab_ms": (in_graph(step_embedlab.python_function), 0),
+        "graph_step_embedlab_fused_ms": (in_graph(step_embedlab_fused.python_function), 0),
+        **pieces}, w, r_)
+    for d in (med, mins):
+        for k in d:
+            if k.startswith("graph_"):
+                d[k] /= K
     res.update(med)
     res["min"] = dict(mins)
     # Other processes on a shared machine show up here (1-minute load average vs cores).
@@ -217,6 +288,10 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     res["fwd_ratio_csr"] = res["fwd_native_ms"] / res["fwd_embedlab_csr_ms"]
     res["step_ratio_coo"] = res["step_native_ms"] / res["step_embedlab_coo_ms"]
     res["step_ratio_csr"] = res["step_native_ms"] / res["step_embedlab_csr_ms"]
+    res["step_ratio_fused"] = res["step_native_ms"] / res["step_embedlab_fused_ms"]
+    res["graph_fwd_ratio"] = res["graph_fwd_native_ms"] / res["graph_fwd_embedlab_ms"]
+    res["graph_step_ratio"] = res["graph_step_native_ms"] / res["graph_step_embedlab_ms"]
+    res["graph_step_ratio_fused"] = res["graph_step_native_ms"] / res["graph_step_embedlab_fused_ms"]
     res["fwd_embedlab_mkeys_s"] = nkeys / res["fwd_embedlab_coo_ms"] / 1e3
     res["fwd_native_mkeys_s"] = nkeys / res["fwd_native_ms"] / 1e3
     del tables
@@ -274,6 +349,15 @@ def main():
               f"{r['step_native_ms']:>10.2f} | {r['step_embedlab_coo_ms']:>11.2f} | "
               f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}"
               f"  (load avg {r['load_average_before']:.1f} -> {r['load_average_after']:.1f})")
+    print()
+    print(f"In graph, {a.steps_per_call} steps per tf.function call (ms per step): forward TF | forward EmbedLab | "
+          "ratio || step TF | step EmbedLab | ratio | step EmbedLab, optimizer in backward | ratio; "
+          "per call: step with optimizer in backward | ratio")
+    for r in results:
+        print(f"{r['dim']:>4} | {r['graph_fwd_native_ms']:7.2f} | {r['graph_fwd_embedlab_ms']:7.2f} | "
+              f"{r['graph_fwd_ratio']:5.2f}x || {r['graph_step_native_ms']:7.2f} | {r['graph_step_embedlab_ms']:7.2f} | "
+              f"{r['graph_step_ratio']:5.2f}x | {r['graph_step_embedlab_fused_ms']:7.2f} | "
+              f"{r['graph_step_ratio_fused']:5.2f}x; {r['step_embedlab_fused_ms']:7.2f} | {r['step_ratio_fused']:5.2f}x")
     print()
     print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
           "backward kernel | SGD apply kernel | sum | full CSR step")
