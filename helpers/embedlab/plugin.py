@@ -50,8 +50,9 @@ trains its tables itself, as the plugin did: its tables are non-trainable to Ker
 `GradientTape`), the layer applies its optimizer to the tables' sparse gradients; the
 trigger's gradient is zero, so the model's optimizer leaves it at 0. Call `tape.gradient`
 once per step (each call applies an update). The layer's optimizer updates each device's
-table with its own compiled op; gradient clipping / loss-scaling options of that optimizer
-are not applied.
+table with its own compiled op (on one device, the backward and the update are a single op:
+the optimizer runs inside the backward, as in `ops.fused_embedding_lookup(optimizer=...)`);
+gradient clipping / loss-scaling options of that optimizer are not applied.
 
 With `optimizer=None` and tables on several devices, the model's optimizer receives one
 IndexedSlices gradient per device table: Keras optimizers handle that, but an
@@ -591,8 +592,14 @@ class EmbeddingLayer(keras.layers.Layer):
                 out = layer._lookup(splits, keys)
 
             def grad(dy, variables=None):
-                grads = inner.gradient(out, tables, output_gradients=dy)
-                layer._apply_own(grads)
+                if layer.num_devices == 1:
+                    # One table: the backward and the update in one op (optimizer in backward),
+                    # the same bits as the gradient + apply_sparse path below.
+                    layer.optimizer.apply_lookup_gradients([dy], [splits], [keys], None, [layer.combiner],
+                                                           [layer._tables[0]])
+                    layer.optimizer.iterations.assign_add(1)
+                else:
+                    layer._apply_own(inner.gradient(out, tables, output_gradients=dy))
                 z = tf.zeros_like(trigger)
                 return (z, [None] * len(variables)) if variables else z
 
