@@ -177,7 +177,9 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             the tape for the tables' gradients (e.g. `tape.gradient(loss, tables + dense_vars)`),
             once per step, and apply only the other gradients. Same tables, bit for bit, as
             taking the gradient and calling `optimizer.apply_gradients`. Tables must be
-            variables; use this optimizer instance for these tables only.
+            variables; use this optimizer instance for these tables only. The TensorFlow op
+            has a CPU kernel only so far (the CUDA kernel, `lookup_backward_apply_cuda`, is in
+            the core and the framework-free binding, not yet in the TF GPU adapter).
 
     Returns:
         list of `[batch_t, dim_t]` float32 tensors.
