@@ -224,3 +224,14 @@ def csr_lookup_grad(offsets, keys, weights, combiner, dy):
     g = np.zeros((len(uk), dy.shape[1]))
     np.add.at(g, inv, scale[valid, None] * dy[rows[valid]].astype(np.float64))
     return uk, g
+
+
+def core_update(core, opt, table, s1, s2, keys, grads, lr, epsilon, beta_1, beta_2, step):
+    """Applies `opt` ("sgd" | "adagrad" | "adam") with the CPU core's sparse_* kernels in place
+    (s1: Adagrad accumulator or Adam m; s2: Adam v): the two-step reference for fused paths."""
+    if opt == "sgd":
+        core.sparse_sgd(table, keys, grads, lr)
+    elif opt == "adagrad":
+        core.sparse_adagrad(table, s1, keys, grads, lr, epsilon)
+    else:
+        core.sparse_adam(table, s1, s2, keys, grads, lr, beta_1, beta_2, epsilon, step)

@@ -321,12 +321,7 @@ def test_sparse_optimizers_match_cpu(rng, opt, dim):
     # CPU: coalesce (the CPU optimizers need unique ascending indices), then update.
     ui, ug = cpu_coalesce(indices, grads)
     ct, c1, c2 = table.copy(), s1.copy(), s2.copy()
-    if opt == "sgd":
-        core.sparse_sgd(ct, ui, ug, lr)
-    elif opt == "adagrad":
-        core.sparse_adagrad(ct, c1, ui, ug, lr, eps)
-    else:
-        core.sparse_adam(ct, c1, c2, ui, ug, lr, b1, b2, eps, step)
+    ref.core_update(core, opt, ct, c1, c2, ui, ug, lr, eps, b1, b2, step)
     got = [DEV.get(d_t), DEV.get(d_1), DEV.get(d_2)]
     counts = np.bincount(indices, minlength=rows)
     cold = counts <= SEGMENT
@@ -376,12 +371,7 @@ def test_fused_backward_apply_equals_backward_then_update(rng, opt):
     # And the CPU path within float32 rounding.
     ck, cg = core.lookup_backward(offsets, keys, weights, "mean", dy, rows)
     ct, c1, c2 = table.copy(), s1.copy(), s2.copy()
-    if opt == "sgd":
-        core.sparse_sgd(ct, ck, cg, kw["lr"])
-    elif opt == "adagrad":
-        core.sparse_adagrad(ct, c1, ck, cg, kw["lr"], kw["epsilon"])
-    else:
-        core.sparse_adam(ct, c1, c2, ck, cg, kw["lr"], kw["beta_1"], kw["beta_2"], kw["epsilon"], kw["step"])
+    ref.core_update(core, opt, ct, c1, c2, ck, cg, **kw)
     counts = np.bincount(keys[keys >= 0], minlength=rows)
     cold = counts <= SEGMENT
     for x, y in zip(a, [ct, c1, c2]):
@@ -471,12 +461,7 @@ def test_multi_table_apply_equals_per_table_calls(rng, opt, weighted):
     i = 4
     ck, cg = core.lookup_backward(offs[i], keys[i], None if ws is None else ws[i], combs[i], dys[i], rows[i])
     ct, c1, c2 = (x.copy() for x in states[i])
-    if opt == "sgd":
-        core.sparse_sgd(ct, ck, cg, kw["lr"])
-    elif opt == "adagrad":
-        core.sparse_adagrad(ct, c1, ck, cg, kw["lr"], kw["epsilon"])
-    else:
-        core.sparse_adam(ct, c1, c2, ck, cg, kw["lr"], kw["beta_1"], kw["beta_2"], kw["epsilon"], kw["step"])
+    ref.core_update(core, opt, ct, c1, c2, ck, cg, **kw)
     for a, c in zip(multi[i], [ct, c1, c2]):
         np.testing.assert_allclose(DEV.get(a), c, rtol=1e-3, atol=1e-5)
 

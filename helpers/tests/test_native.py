@@ -165,12 +165,7 @@ def test_core_fused_backward_apply_equals_backward_then_update(core, rng, opt, c
 
         t0, a0, b0 = table.copy(), s1.copy(), s2.copy()
         uk, g = core.lookup_backward(o, k, w, combiner, dy, rows)
-        if opt == "sgd":
-            core.sparse_sgd(t0, uk, g, hp["lr"])
-        elif opt == "adagrad":
-            core.sparse_adagrad(t0, a0, uk, g, hp["lr"], hp["epsilon"])
-        else:
-            core.sparse_adam(t0, a0, b0, uk, g, hp["lr"], hp["beta_1"], hp["beta_2"], hp["epsilon"], hp["step"])
+        ref.core_update(core, opt, t0, a0, b0, uk, g, **hp)
 
         for threads in (1, 2, 5):
             t1, a1, b1 = table.copy(), s1.copy(), s2.copy()

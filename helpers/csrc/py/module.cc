@@ -110,10 +110,9 @@ void lookup_forward(const std::vector<CF2>& tables, const std::vector<I1>& offse
   if (bad >= 0) fail(fn, "table " + std::to_string(bad) + ": " + check_ids(args[bad].ids, args[bad].num_rows));
 }
 
-std::tuple<nb::ndarray<nb::numpy, int64_t>, nb::ndarray<nb::numpy, float>> lookup_backward(
-    const I1& offsets, const I1& keys, const std::optional<F1>& weights, const std::string& combiner,
-    const CF2& grad_out, int64_t num_rows, int num_threads) {
-  const char* fn = "lookup_backward";
+// One table's backward arguments (keys not yet checked).
+LookupGradArgs grad_args_of(const char* fn, const I1& offsets, const I1& keys, const std::optional<F1>& weights,
+                            const std::string& combiner, const CF2& grad_out) {
   LookupGradArgs g;
   g.ids = csr_of(fn, 0, offsets, keys, weights ? &*weights : nullptr);
   g.combiner = combiner_of(fn, combiner);
@@ -121,6 +120,14 @@ std::tuple<nb::ndarray<nb::numpy, int64_t>, nb::ndarray<nb::numpy, float>> looku
   if (grad_out.shape(0) != static_cast<size_t>(g.ids.batch))
     fail(fn, "grad_out has " + std::to_string(grad_out.shape(0)) + " rows, ids have " + std::to_string(g.ids.batch));
   g.grad_out = grad_out.data();
+  return g;
+}
+
+std::tuple<nb::ndarray<nb::numpy, int64_t>, nb::ndarray<nb::numpy, float>> lookup_backward(
+    const I1& offsets, const I1& keys, const std::optional<F1>& weights, const std::string& combiner,
+    const CF2& grad_out, int64_t num_rows, int num_threads) {
+  const char* fn = "lookup_backward";
+  LookupGradArgs g = grad_args_of(fn, offsets, keys, weights, combiner, grad_out);
   const std::string err = check_ids(g.ids, num_rows);
   if (!err.empty()) fail(fn, err);
   LookupGradCpu grad;
@@ -171,15 +178,9 @@ void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const st
   SparseOptimizer opt;
   std::string err = make_optimizer(optimizer, lr, epsilon, beta_1, beta_2, step, &opt);
   if (!err.empty()) fail(fn, err);
-  LookupGradArgs g;
-  g.ids = csr_of(fn, 0, offsets, keys, weights ? &*weights : nullptr);
-  g.combiner = combiner_of(fn, combiner);
-  g.dim = static_cast<int64_t>(grad_out.shape(1));
-  if (grad_out.shape(0) != static_cast<size_t>(g.ids.batch))
-    fail(fn, "grad_out has " + std::to_string(grad_out.shape(0)) + " rows, ids have " + std::to_string(g.ids.batch));
+  LookupGradArgs g = grad_args_of(fn, offsets, keys, weights, combiner, grad_out);
   if (static_cast<int64_t>(table.shape(1)) != g.dim)
     fail(fn, "table has dim " + std::to_string(table.shape(1)) + ", grad_out " + std::to_string(g.dim));
-  g.grad_out = grad_out.data();
   SparseUpdateArgs t;
   t.table = table.data();
   t.num_rows = static_cast<int64_t>(table.shape(0));
