@@ -92,6 +92,14 @@ class _SparseMixin:
             tf.constant(getattr(self, "beta_1", 0.0), tf.float64), tf.constant(getattr(self, "beta_2", 0.0), tf.float64),
             step, combiners=list(combiners), optimizer=name)
 
+    def _slot_index(self, variable):
+        try:
+            return self._get_variable_index(variable)
+        except KeyError:
+            raise ValueError(f"{type(self).__name__} {self.name!r} has no state for variable {variable.name!r}: "
+                             "it was built for other variables (give each set of tables its own optimizer, "
+                             "or build it with these tables)") from None
+
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         if tf.distribute.has_strategy():
             # Under a strategy, Keras updates each variable through update_step (per replica).
@@ -145,7 +153,7 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
                          epsilon=epsilon, name=name, **kwargs)
 
     def _slot_handles(self, variables):
-        return "adagrad", [_handle(self._accumulators[self._get_variable_index(v)]) for v in variables]
+        return "adagrad", [_handle(self._accumulators[self._slot_index(v)]) for v in variables]
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
@@ -164,7 +172,7 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
                          amsgrad=False, name=name, **kwargs)
 
     def _slot_handles(self, variables):
-        pos = [self._get_variable_index(v) for v in variables]
+        pos = [self._slot_index(v) for v in variables]
         return "adam", ([_handle(self._momentums[i]) for i in pos] + [_handle(self._velocities[i]) for i in pos])
 
     def _sparse_apply(self, grads, variables, learning_rate):

@@ -251,3 +251,15 @@ def test_optimizer_in_backward_bad_key_changes_nothing():
     assert np.array_equal(a.numpy(), before[0]) and np.array_equal(b.numpy(), before[1])
     with pytest.raises(ValueError, match="optimizer must be an embedlab.optimizers instance"):
         ops.fused_embedding_lookup([a], [tf.constant([[1]], tf.int64)], "sum", optimizer=keras.optimizers.SGD())
+
+
+def test_optimizer_in_backward_built_for_other_variables_says_so():
+    other, table = tf.Variable(tf.ones([3, 2])), tf.Variable(tf.ones([5, 2]))
+    opt = eopt.Adam(0.1)
+    opt.build([other])
+    with tf.GradientTape() as tape:
+        out = ops.fused_embedding_lookup([table], [tf.constant([[1, 2]], tf.int64)], "sum", optimizer=opt)
+        loss = tf.reduce_sum(out[0])
+    with pytest.raises(ValueError, match="has no state for variable .* built for other variables"):
+        tape.gradient(loss, [table])
+    assert np.array_equal(table.numpy(), np.ones([5, 2]))
