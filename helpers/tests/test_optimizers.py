@@ -251,6 +251,9 @@ def test_optimizer_in_backward_bad_key_changes_nothing():
     assert np.array_equal(a.numpy(), before[0]) and np.array_equal(b.numpy(), before[1])
     with pytest.raises(ValueError, match="optimizer must be an embedlab.optimizers instance"):
         ops.fused_embedding_lookup([a], [tf.constant([[1]], tf.int64)], "sum", optimizer=keras.optimizers.SGD())
+    with pytest.raises(ValueError, match="with an optimizer, every table must be a variable"):
+        ops.fused_embedding_lookup([a, tf.ones([4, 2])], [tf.constant([[1]], tf.int64)] * 2, "sum",
+                                   optimizer=eopt.SGD(0.1))
 
 
 def test_optimizer_in_backward_built_for_other_variables_says_so():
