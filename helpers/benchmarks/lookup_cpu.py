@@ -213,8 +213,9 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         tape.gradient(loss, tables)
         return loss
 
-    def in_graph(step):
-        """K steps in one tf.function call, step b on batch b (COO ids captured, not passed).
+    def in_graph(step, kind="sp"):
+        """K steps in one tf.function call, step b on batch b (ids captured, not passed; "sp":
+        the COO SparseTensors, "rg": the same ids pre-built as CSR RaggedTensors).
 
         Like Keras' steps_per_execution: TensorFlow's per-call Python overhead (about 2 ms on
         this VM for 26 SparseTensor arguments, the same for both sides) is paid once per K
@@ -225,7 +226,11 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
             dep = tf.constant(0.0)
             for b in range(K):
                 with tf.control_dependencies([dep]):
-                    ids = [tf.SparseTensor(tf.identity(x.indices), x.values, x.dense_shape) for x in batches[b][0]]
+                    if kind == "sp":
+                        ids = [tf.SparseTensor(tf.identity(x.indices), x.values, x.dense_shape) for x in batches[b][0]]
+                    else:
+                        ids = [tf.RaggedTensor.from_row_splits(x.values, tf.identity(x.row_splits), validate=False)
+                               for x in batches[b][1]]
                 res = step(ids)
                 dep = res if isinstance(res, tf.Tensor) else tf.add_n([o[0, 0] for o in res])
             return dep
@@ -272,9 +277,11 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         # In graph: K steps per call (see in_graph); reported per step below.
         "graph_fwd_native_ms": (in_graph(fwd_native.python_function), 0),
         "graph_fwd_embedlab_ms": (in_graph(fwd_embedlab.python_function), 0),
+        "graph_fwd_embedlab_csr_ms": (in_graph(fwd_embedlab.python_function, "rg"), 0),
         "graph_step_native_ms": (in_graph(step_native.python_function), 0),
         "graph_step_embedlab_ms": (in_graph(step_embedlab.python_function), 0),
         "graph_step_embedlab_fused_ms": (in_graph(step_embedlab_fused.python_function), 0),
+        "graph_step_embedlab_fused_csr_ms": (in_graph(step_embedlab_fused.python_function, "rg"), 0),
         **pieces}, w, r_)
     for d in (med, mins):
         for k in d:
@@ -292,6 +299,8 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     res["graph_fwd_ratio"] = res["graph_fwd_native_ms"] / res["graph_fwd_embedlab_ms"]
     res["graph_step_ratio"] = res["graph_step_native_ms"] / res["graph_step_embedlab_ms"]
     res["graph_step_ratio_fused"] = res["graph_step_native_ms"] / res["graph_step_embedlab_fused_ms"]
+    res["graph_fwd_ratio_csr"] = res["graph_fwd_native_ms"] / res["graph_fwd_embedlab_csr_ms"]
+    res["graph_step_ratio_fused_csr"] = res["graph_step_native_ms"] / res["graph_step_embedlab_fused_csr_ms"]
     res["fwd_embedlab_mkeys_s"] = nkeys / res["fwd_embedlab_coo_ms"] / 1e3
     res["fwd_native_mkeys_s"] = nkeys / res["fwd_native_ms"] / 1e3
     del tables
@@ -350,14 +359,16 @@ def main():
               f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}"
               f"  (load avg {r['load_average_before']:.1f} -> {r['load_average_after']:.1f})")
     print()
-    print(f"In graph, {a.steps_per_call} steps per tf.function call (ms per step): forward TF | forward EmbedLab | "
-          "ratio || step TF | step EmbedLab | ratio | step EmbedLab, optimizer in backward | ratio; "
+    print(f"In graph, {a.steps_per_call} steps per tf.function call (ms per step): forward TF | forward EmbedLab "
+          "COO / CSR | ratios || step TF | step EmbedLab | ratio | optimizer in backward COO / CSR | ratios; "
           "per call: step with optimizer in backward | ratio")
     for r in results:
-        print(f"{r['dim']:>4} | {r['graph_fwd_native_ms']:7.2f} | {r['graph_fwd_embedlab_ms']:7.2f} | "
-              f"{r['graph_fwd_ratio']:5.2f}x || {r['graph_step_native_ms']:7.2f} | {r['graph_step_embedlab_ms']:7.2f} | "
-              f"{r['graph_step_ratio']:5.2f}x | {r['graph_step_embedlab_fused_ms']:7.2f} | "
-              f"{r['graph_step_ratio_fused']:5.2f}x; {r['step_embedlab_fused_ms']:7.2f} | {r['step_ratio_fused']:5.2f}x")
+        print(f"{r['dim']:>4} | {r['graph_fwd_native_ms']:7.2f} | {r['graph_fwd_embedlab_ms']:7.2f} / "
+              f"{r['graph_fwd_embedlab_csr_ms']:7.2f} | {r['graph_fwd_ratio']:5.2f}x / {r['graph_fwd_ratio_csr']:5.2f}x || "
+              f"{r['graph_step_native_ms']:7.2f} | {r['graph_step_embedlab_ms']:7.2f} | {r['graph_step_ratio']:5.2f}x | "
+              f"{r['graph_step_embedlab_fused_ms']:7.2f} / {r['graph_step_embedlab_fused_csr_ms']:7.2f} | "
+              f"{r['graph_step_ratio_fused']:5.2f}x / {r['graph_step_ratio_fused_csr']:5.2f}x; "
+              f"{r['step_embedlab_fused_ms']:7.2f} | {r['step_ratio_fused']:5.2f}x")
     print()
     print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
           "backward kernel | SGD apply kernel | sum | full CSR step")

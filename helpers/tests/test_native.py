@@ -110,6 +110,13 @@ def test_core_rejects_bad_keys_and_changes_nothing(core, rng):
         core.lookup_forward([table], [offsets], [np.array([-2, 1], np.int64)], None, ["sum"], [out])
     with pytest.raises(ValueError, match="row_offsets end at 2 but there are 3 keys"):
         core.lookup_forward([table], [offsets], [np.array([1, 2, 3], np.int64)], None, ["sum"], [out])
+    # Offsets are checked inside the kernel: a middle offset far past nnz, or one going back,
+    # must be reported without reading outside the keys.
+    out3 = np.zeros((3, 4), np.float32)
+    for bad in ([0, 1 << 40, 2, 3], [0, 2, 1, 3], [0, -5, 2, 3]):
+        with pytest.raises(ValueError, match="row_offsets decrease at row"):
+            core.lookup_forward([table], [np.array(bad, np.int64)], [np.array([1, 2, 3], np.int64)], None,
+                                ["sum"], [out3])
     with pytest.raises(ValueError, match="index 10 at position 0 is outside"):
         core.sparse_sgd(table, np.array([10], np.int64), np.ones((1, 4), np.float32), 0.1)
     np.testing.assert_array_equal(table, before)

@@ -131,6 +131,22 @@ def test_fused_lookup_converts_several_sparse_ids_in_one_op(rng):
     assert ops_used.count("EmbedLabSparseToCsr") == 1
 
 
+def test_bad_row_splits_through_the_raw_op_name_the_table():
+    # ops.* builds valid splits; the op itself must still refuse bad ones (checked in the kernel).
+    from embedlab import _native
+    lib = _native.tf_ops()
+    t = tf.Variable(tf.ones([6, 2]))
+    keys = tf.constant([1, 2, 3], tf.int64)
+    for bad in ([0, 1 << 40, 2, 3], [0, 2, 1, 3]):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"EmbedLabFusedResourceLookup: ids\[1\]: row_offsets decrease at row"):
+            lib.embed_lab_fused_resource_lookup([t.handle, t.handle], [tf.constant([0, 3], tf.int64),
+                                                                       tf.constant(bad, tf.int64)],
+                                                [keys, keys], [], combiners=["sum", "sum"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids\[0\]: row_offsets end at 2 but there are 3 keys"):
+        lib.embed_lab_fused_lookup([tf.ones([6, 2])], [tf.constant([0, 1, 2], tf.int64)], [keys], [], combiners=["sum"])
+
+
 def test_bad_sparse_row_index_names_the_table():
     good = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2])
     bad = tf.SparseTensor([[0, 0], [5, 0]], tf.constant([1, 2], tf.int64), [2, 2])

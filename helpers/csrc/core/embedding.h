@@ -56,18 +56,19 @@ struct LookupArgs {
 // The message does not name the op or argument: adapters prefix those.
 std::string check_ids(const CsrIds& ids, int64_t num_rows);
 
-// The row_offsets part of check_ids alone (O(batch)): what must hold before any kernel may
-// read the ids. Keys are then range-checked inside lookup_forward_cpu, in the same pass.
+// The row_offsets part of check_ids alone (O(batch)): what must hold before any kernel other
+// than lookup_forward_cpu (which checks them itself) may read the ids.
 std::string check_offsets(const CsrIds& ids);
 
 // ---------------------------------------------------------------------------------------
 // CPU
 // ---------------------------------------------------------------------------------------
 
-// Forward of num_tables independent lookups, parallel over (table, row block). Needs valid
-// row_offsets (check_offsets); keys are range-checked on the fly, which saves a separate pass
-// over them: a key outside [-1, num_rows) is never read. Returns the index of the first table
-// that had such a key (then outputs are unspecified; call check_ids for the message), or -1.
+// Forward of num_tables independent lookups, parallel over (table, row block). Validates its
+// input on the fly instead of in separate passes: row_offsets (their ends up front, each row's
+// pair as it is reached) and keys, so that no key or weight outside [0, nnz) and no row outside
+// the table is ever read. Returns the index of the first table whose offsets or keys were bad
+// (then outputs are unspecified; call check_ids for the message), or -1.
 int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool);
 
 // Backward of one table. Two phases because the number of unique keys is only known after

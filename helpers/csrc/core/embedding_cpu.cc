@@ -99,7 +99,8 @@ struct FlatIndex {
   }
 };
 
-// Returns false if a key outside [-1, num_rows) was seen (and skipped).
+// Returns false if a key outside [-1, num_rows) or a row whose offsets are not within
+// [0, nnz] and non-decreasing was seen (and skipped): no key or weight outside [0, nnz) is read.
 template <int D>
 bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
   bool ok = true;
@@ -107,12 +108,18 @@ bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
   const int64_t* off = a.ids.row_offsets;
   const int64_t* keys = a.ids.keys;
   const float* w = a.ids.weights;
-  const int64_t jend = off[r1];
+  const int64_t nnz = a.ids.nnz;
+  const int64_t jend = std::min(std::max<int64_t>(off[r1], 0), nnz);  // prefetch bound only
   for (int64_t r = r0; r < r1; ++r) {
     float* o = a.out + r * dim;
     zero<D>(o, dim);
+    const int64_t jb = off[r], je = off[r + 1];
+    if (jb < 0 || je < jb || je > nnz) {
+      ok = false;
+      continue;
+    }
     float wsum = 0.f;
-    for (int64_t j = off[r]; j < off[r + 1]; ++j) {
+    for (int64_t j = jb; j < je; ++j) {
       // Rows are random DRAM lines: keep several misses in flight by prefetching ahead in the
       // flat key stream (across row boundaries).
       if (j + kPrefetchDistance < jend) {
@@ -241,6 +248,12 @@ std::string check_ids(const CsrIds& ids, int64_t num_rows) {
 }
 
 int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
+  // Offsets: the ends here (O(1)); every row's pair inside the kernel, in the same pass as
+  // the lookup. Together that is check_offsets without its separate pass over each table.
+  for (int t = 0; t < num_tables; ++t) {
+    const CsrIds& ids = tables[t].ids;
+    if (ids.batch < 0 || ids.nnz < 0 || ids.row_offsets[0] != 0 || ids.row_offsets[ids.batch] != ids.nnz) return t;
+  }
   FlatIndex flat(num_tables, [&](int t) { return tables[t].ids.batch; });
   if (flat.total() == 0) return -1;
   std::vector<std::atomic<bool>> bad(num_tables);

@@ -65,17 +65,16 @@ using embedlab_tf::Where;
 // The lookup ops' CSR inputs, checked on the CPU.
 class LookupInputs : public LookupAttrs {
  public:
-  // Fills ids[t] and checks row_offsets. With num_rows given, keys are checked too (otherwise
-  // the caller's kernel checks them on the fly: the forward); num_rows[t] < 0 checks only that
-  // no key is below -1 (the backward, which has no table).
-  absl::Status Read(OpKernelContext* ctx, const std::vector<int64_t>* num_rows, std::vector<embedlab::CsrIds>* ids) {
+  // Fills ids[t] (shapes checked). With check_offsets, row_offsets are validated here (what
+  // the backward needs before it reads them); the forward passes false: its kernel validates
+  // offsets and keys in the same pass as the lookup. Keys are never checked here.
+  absl::Status Read(OpKernelContext* ctx, bool check_offsets, std::vector<embedlab::CsrIds>* ids) {
     const std::string& op = ctx->op_kernel().type_string();
     ids->resize(n());
     for (int t = 0; t < n(); ++t) {
       embedlab::CsrIds& c = (*ids)[t];
       TF_RETURN_IF_ERROR(ReadIds(ctx, t, &c));
-      const std::string err = num_rows == nullptr ? embedlab::check_offsets(c)
-                              : embedlab::check_ids(c, (*num_rows)[t] < 0 ? INT64_MAX : (*num_rows)[t]);
+      const std::string err = check_offsets ? embedlab::check_offsets(c) : "";
       if (!err.empty()) return errors::InvalidArgument(Where(op, "ids", t), ": ", err);
     }
     return absl::OkStatus();
@@ -102,7 +101,7 @@ class FusedLookupOp : public OpKernel {
     std::vector<int64_t> rows(n);
     for (int t = 0; t < n; ++t) rows[t] = tables[t].dim_size(0);
     std::vector<embedlab::CsrIds> ids;
-    OP_REQUIRES_OK(ctx, in_.Read(ctx, nullptr, &ids));  // keys are checked inside the kernel
+    OP_REQUIRES_OK(ctx, in_.Read(ctx, /*check_offsets=*/false, &ids));  // the kernel checks offsets and keys
     std::vector<embedlab::LookupArgs> args(n);
     for (int t = 0; t < n; ++t) {
       Tensor* out = nullptr;
@@ -157,7 +156,7 @@ class GradPrep {
     const int n = in_.n();
     const std::string& op = ctx->op_kernel().type_string();
     std::vector<embedlab::CsrIds> ids;
-    TF_RETURN_IF_ERROR(in_.Read(ctx, nullptr, &ids));  // offsets; keys are checked below
+    TF_RETURN_IF_ERROR(in_.Read(ctx, /*check_offsets=*/true, &ids));  // keys are checked below
     args_.resize(n);
     for (int t = 0; t < n; ++t) {
       const Tensor& g = ctx->input(t);
