@@ -173,9 +173,10 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             when a `GradientTape` differentiates through this lookup with respect to the tables,
             one compiled op per device sums each touched key's gradient and updates those rows
             in place, without creating `IndexedSlices` tensors, and advances
-            `optimizer.iterations` by one. The tape then returns None for the tables (they are already updated): ask
-            the tape for the tables' gradients (e.g. `tape.gradient(loss, tables + dense_vars)`),
-            once per step, and apply only the other gradients. Same tables, bit for bit, as
+            `optimizer.iterations` by one. The tape then returns None for the tables (they are
+            already updated): ask the tape for the tables' gradients (e.g.
+            `tape.gradient(loss, tables + dense_vars)`), once per step, and apply only the
+            other gradients. Same tables, bit for bit, as
             taking the gradient and calling `optimizer.apply_gradients`. Tables must be
             variables; use this optimizer instance for these tables only. The TensorFlow op
             has a CPU kernel only so far (the CUDA kernel, `lookup_backward_apply_cuda`, is in

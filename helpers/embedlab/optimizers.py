@@ -71,9 +71,10 @@ class _SparseMixin:
         The gradient rows of each touched key are summed exactly as the lookup's own gradient
         sums them (into a buffer the op reuses, not into `IndexedSlices` tensors) and applied to
         those table rows in place (FBGEMM's "optimizer in backward"). Same tables, bit for bit,
-        as the gradient followed by `apply_sparse`. Like `apply_sparse` it does not advance `iterations` and applies no
-        clipping or loss scaling. `embedlab.ops.fused_embedding_lookup(..., optimizer=opt)` calls
-        it from the lookup's gradient.
+        as the gradient followed by `apply_sparse`. Like `apply_sparse` it does not advance
+        `iterations` and applies no clipping or loss scaling.
+        `embedlab.ops.fused_embedding_lookup(..., optimizer=opt)` calls it from the lookup's
+        gradient.
 
         Args:
             output_grads: per table, the gradient of the lookup output `[batch, dim]`.
