@@ -417,7 +417,9 @@ void fill_runs(int64_t u0, int64_t u1, const int64_t* run_starts, const int64_t*
 
 // The optimizers' row updates, shared by sparse_*_cpu and the fused backward: each is called
 // as update(width, w, slot1, slot2, g, dim) on one row. Same float32 expression order as Keras.
+// kCost: rough ns per element, the thread pool's block-size hint.
 struct SgdRow {
+  static constexpr int64_t kCost = 1;
   float lr;
   template <typename W>
   void operator()(W, float* __restrict w, float*, float*, const float* __restrict g, int64_t dim_rt) const {
@@ -427,6 +429,7 @@ struct SgdRow {
 };
 
 struct AdagradRow {
+  static constexpr int64_t kCost = 4;
   AdagradParams p;
   template <typename W>
   void operator()(W, float* __restrict w, float* __restrict acc, float*, const float* __restrict g,
@@ -440,6 +443,7 @@ struct AdagradRow {
 };
 
 struct AdamRow {
+  static constexpr int64_t kCost = 6;
   float alpha, one_b1, one_b2, eps;
   explicit AdamRow(const AdamParams& p) {
     // Same float32 expression order as Keras' Adam so that rows touched every step match it.
@@ -464,13 +468,12 @@ struct AdamRow {
 };
 
 template <typename RowUpdate>
-void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& pool, int64_t cost_per_elem,
-                   RowUpdate update) {
+void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& pool, RowUpdate update) {
   FlatIndex flat(num_tables, [&](int t) { return tables[t].n; });
   if (flat.total() == 0) return;
   int64_t dims = 0;
   for (int t = 0; t < num_tables; ++t) dims = std::max(dims, tables[t].dim);
-  pool.parallel_for(flat.total(), dims * cost_per_elem, [&](int64_t b, int64_t e) {
+  pool.parallel_for(flat.total(), dims * RowUpdate::kCost, [&](int64_t b, int64_t e) {
     flat.for_each(b, e, [&](int t, int64_t i0, int64_t i1) {
       const SparseUpdateArgs& a = tables[t];
       dispatch_dim(a.dim, [&](auto width) {
@@ -532,10 +535,7 @@ void LookupGradCpu::apply(const SparseUpdateArgs& target, const SparseOptimizer&
   a.indices = apply_keys_.data();
   a.grads = apply_rows_.data();
   a.n = nu;
-  with_update(opt, [&](auto update) {
-    const int64_t cost = opt.kind == OptimizerKind::kAdam ? 6 : opt.kind == OptimizerKind::kAdagrad ? 4 : 1;
-    sparse_update(&a, 1, pool, cost, update);
-  });
+  with_update(opt, [&](auto update) { sparse_update(&a, 1, pool, update); });
 }
 
 bool strictly_increasing(const int64_t* indices, int64_t n) {
@@ -581,15 +581,15 @@ std::string make_optimizer(const std::string& name, float lr, float epsilon, dou
 }
 
 void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, 1, SgdRow{p.lr});
+  sparse_update(tables, num_tables, pool, SgdRow{p.lr});
 }
 
 void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, 4, AdagradRow{p});
+  sparse_update(tables, num_tables, pool, AdagradRow{p});
 }
 
 void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, 6, AdamRow(p));
+  sparse_update(tables, num_tables, pool, AdamRow(p));
 }
 
 std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,

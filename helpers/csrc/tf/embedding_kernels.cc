@@ -240,20 +240,21 @@ class SparseToCsrOp : public OpKernel {
     const Tensor& shape = ctx->input(2 * n_ + t);
     const Tensor* weights = nw_ > 0 ? &ctx->input(3 * n_ + t) : nullptr;
     const std::string& op = type_string();
-    const std::string ids = Where(op, "ids", t);
+    // Worded only on an error: this op runs every step.
+    auto ids = [&] { return Where(op, "ids", t); };
     if (indices.dims() != 2 || indices.dim_size(1) < 1)
-      return errors::InvalidArgument(ids, ": SparseTensor indices must be [nnz, rank], got ", indices.shape().DebugString());
+      return errors::InvalidArgument(ids(), ": SparseTensor indices must be [nnz, rank], got ", indices.shape().DebugString());
     const int64_t nnz = indices.dim_size(0), rank = indices.dim_size(1);
     if (values.dims() != 1 || values.dim_size(0) != nnz)
-      return errors::InvalidArgument(ids, ": SparseTensor has ", nnz, " indices but values of shape ",
+      return errors::InvalidArgument(ids(), ": SparseTensor has ", nnz, " indices but values of shape ",
                                      values.shape().DebugString());
     if (shape.dims() != 1 || shape.NumElements() != rank)
-      return errors::InvalidArgument(ids, ": dense_shape must have ", rank, " entries");
+      return errors::InvalidArgument(ids(), ": dense_shape must have ", rank, " entries");
     if (weights && (weights->dims() != 1 || weights->dim_size(0) != nnz))
       return errors::InvalidArgument(Where(op, "weights", t), " have shape ", weights->shape().DebugString(),
                                      " but ids have ", nnz, " values; weights must be shaped like ids");
     const int64_t batch = shape.flat<int64_t>()(0);
-    if (batch < 0) return errors::InvalidArgument(ids, ": dense_shape[0] must be >= 0, got ", batch);
+    if (batch < 0) return errors::InvalidArgument(ids(), ": dense_shape[0] must be >= 0, got ", batch);
     Tensor* splits = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(t, TensorShape({batch + 1}), &splits));
     int64_t* off = splits->flat<int64_t>().data();
@@ -264,7 +265,7 @@ class SparseToCsrOp : public OpKernel {
     for (int64_t i = 0; i < nnz; ++i) {
       const int64_t r = idx[i * rank];
       if (static_cast<uint64_t>(r) >= static_cast<uint64_t>(batch))
-        return errors::InvalidArgument(ids, ": SparseTensor row index ", r, " at indices[", i, ", 0] is outside [0, ",
+        return errors::InvalidArgument(ids(), ": SparseTensor row index ", r, " at indices[", i, ", 0] is outside [0, ",
                                        batch, ")");
       in_order &= (r >= prev);
       prev = r;
@@ -281,7 +282,7 @@ class SparseToCsrOp : public OpKernel {
     if (weights) TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n_ + t, weights->shape(), &w_out));
     std::vector<int64_t> perm(nnz);
     const std::string err = embedlab::coo_to_csr_cpu(idx, nnz, batch, off, perm.data(), rank);
-    if (!err.empty()) return errors::InvalidArgument(ids, ": SparseTensor ", err);
+    if (!err.empty()) return errors::InvalidArgument(ids(), ": SparseTensor ", err);
     const int64_t* v = values.flat<int64_t>().data();
     int64_t* k = keys_out->flat<int64_t>().data();
     for (int64_t j = 0; j < nnz; ++j) k[j] = v[perm[j]];
