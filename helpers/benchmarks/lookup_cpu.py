@@ -225,21 +225,17 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         def run(_):
             dep = tf.constant(0.0)
             for b in range(K):
-                # Every component of the ids goes through an identity under the dependency: an
-                # op that reads only the values (TensorFlow's unique and gather) must not start
-                # step b before step b - 1 has finished either.
+                # Every component of the ids (indices, values, shape; or values and row splits)
+                # goes through an identity under the dependency: an op that reads only the
+                # values (TensorFlow's unique and gather) must not start step b before step
+                # b - 1 has finished either.
                 with tf.control_dependencies([dep]):
-                    if kind == "sp":
-                        ids = [tf.SparseTensor(tf.identity(x.indices), tf.identity(x.values), tf.identity(x.dense_shape))
-                               for x in batches[b][0]]
-                    else:
-                        ids = [tf.RaggedTensor.from_row_splits(tf.identity(x.values), tf.identity(x.row_splits),
-                                                               validate=False)
-                               for x in batches[b][1]]
+                    ids = [tf.nest.map_structure(tf.identity, x, expand_composites=True)
+                           for x in batches[b][0 if kind == "sp" else 1]]
                 res = step(ids)
                 if isinstance(res, tf.Tensor):
                     dep = res
-                else:  # wait for all 26 outputs without ops that read them (same for both sides)
+                else:  # wait for every output without ops that read them (same for both sides)
                     with tf.control_dependencies(res):
                         dep = tf.identity(dep)
             return dep
