@@ -117,8 +117,9 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
     return splits, tf.reshape(keys2d, [-1]), w
 
 
-def _sparse_to_csr(ids, weights, where):
-    """Several SparseTensor ids (and weights, all or none) to CSR in one op: [(splits, keys, w)]."""
+def _sparse_inputs(ids, weights, where):
+    """The op inputs of several SparseTensor ids (and weights, all or none), checked:
+    (indices, values, dense_shapes, weights) lists."""
     keys, w_in = [], []
     for t, x in enumerate(ids):
         if x.shape.rank not in (None, 2):
@@ -130,8 +131,12 @@ def _sparse_to_csr(ids, weights, where):
                 raise ValueError(f"{where}: weights must be a SparseTensor like ids, got {type(w).__name__}")
             _assert_same(w.indices, x.indices, where, "weights.indices", "ids.indices")
             w_in.append(_check_weights_dtype(w.values, where))
-    splits, keys, w_out = _lib().embed_lab_sparse_to_csr(
-        [x.indices for x in ids], keys, [x.dense_shape for x in ids], w_in)
+    return [x.indices for x in ids], keys, [x.dense_shape for x in ids], w_in
+
+
+def _sparse_to_csr(ids, weights, where):
+    """Several SparseTensor ids (and weights, all or none) to CSR in one op: [(splits, keys, w)]."""
+    splits, keys, w_out = _lib().embed_lab_sparse_to_csr(*_sparse_inputs(ids, weights, where))
     return [(splits[t], keys[t], w_out[t] if w_out else None) for t in range(len(ids))]
 
 
@@ -210,10 +215,6 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             raise ValueError(f"{where}: weights must be None or one weights tensor per table")
 
     with tf.name_scope(name or "embedlab_fused_lookup"):
-        csr = _many_to_csr(ids, weights, where)
-        splits = [c[0] for c in csr]
-        keys = [c[1] for c in csr]
-        wts = [c[2] for c in csr] if weights is not None else []
         variables = [_as_variable(t) for t in tables]
         if optimizer is not None:
             if not hasattr(optimizer, "apply_lookup_gradients"):
@@ -225,12 +226,13 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             for v in variables:
                 if v.dtype != tf.float32:
                     raise ValueError(f"{where}: tables must be float32, got {v.dtype.name}")
+            forward = _resource_forward(variables, ids, weights, combiners, where)
             if optimizer is not None:
-                return _lookup_training(variables, list(tables), splits, keys, wts, combiners, optimizer)
+                return _lookup_training(variables, list(tables), forward, combiners, optimizer)
             for v in variables:
                 resource_variable_ops.variable_accessed(v)  # lets GradientTape watch it
-            return _lib().embed_lab_fused_resource_lookup(
-                [v.handle for v in variables], splits, keys, wts, combiners=combiners)
+            return forward([v.handle for v in variables])[0]
+        csr = _many_to_csr(ids, weights, where)
         tensors = []
         for t, table in enumerate(tables):
             table = tf.convert_to_tensor(table)
@@ -239,10 +241,42 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             if table.shape.rank not in (None, 2):
                 raise ValueError(f"{where}: tables[{t}] must be [rows, dim], got shape {table.shape}")
             tensors.append(table)
-        return _lib().embed_lab_fused_lookup(tensors, splits, keys, wts, combiners=combiners)
+        return _lib().embed_lab_fused_lookup(tensors, [c[0] for c in csr], [c[1] for c in csr],
+                                             [c[2] for c in csr] if weights is not None else [],
+                                             combiners=combiners)
 
 
-def _lookup_training(variables, tables, splits, keys, wts, combiners, optimizer):
+def _on_cpu(variables):
+    """True when every variable lives on the CPU (or no GPU is visible at all)."""
+    if not tf.config.list_logical_devices("GPU"):
+        return True
+    return all(tf.DeviceSpec.from_string(v.handle.device or "").device_type == "CPU" for v in variables)
+
+
+def _resource_forward(variables, ids, weights, combiners, where):
+    """forward(handles) -> (outputs, row_splits, keys, weights) of a lookup of variables: the
+    pooled rows, and the CSR ids they were computed from (what the backward reads)."""
+    if all(isinstance(x, tf.SparseTensor) for x in ids) and _on_cpu(variables):
+        # All SparseTensors (the usual input) and CPU tables: conversion and lookup in one op
+        # (CPU kernel only). In graph on the 2-core VM, what the dim-16 train step pays for COO
+        # over CSR input fell from 0.4-1.3 ms to 0.1-0.4 ms (helpers/benchmarks/RESULTS.md).
+        sparse = _sparse_inputs(ids, weights, where)
+
+        def forward(handles):
+            r = _lib().embed_lab_fused_resource_sparse_lookup(list(handles), *sparse, combiners=combiners)
+            return list(r.outputs), list(r.row_splits), list(r.keys), list(r.weights_out)
+        return forward
+    csr = _many_to_csr(ids, weights, where)
+    splits, keys = [c[0] for c in csr], [c[1] for c in csr]
+    wts = [c[2] for c in csr] if weights is not None else []
+
+    def forward(handles):
+        outs = _lib().embed_lab_fused_resource_lookup(list(handles), splits, keys, wts, combiners=combiners)
+        return outs, splits, keys, wts
+    return forward
+
+
+def _lookup_training(variables, tables, forward, combiners, optimizer):
     """The forward whose gradient updates the tables with `optimizer` (see fused_embedding_lookup)."""
     if not optimizer.built:
         optimizer.build(tables)
@@ -255,7 +289,7 @@ def _lookup_training(variables, tables, splits, keys, wts, combiners, optimizer)
 
     @tf.custom_gradient
     def lookup(*handles):
-        outs = _lib().embed_lab_fused_resource_lookup(list(handles), splits, keys, wts, combiners=combiners)
+        outs, splits, keys, wts = forward(handles)
 
         def grad(*dys):
             dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
@@ -302,17 +336,22 @@ def embedding_lookup(table, ids, combiner: str = "sum", weights=None, name=None)
     return fused_embedding_lookup([table], [ids], [combiner], None if weights is None else [weights], name)[0]
 
 
-def _grad(op, grads, table_shapes):
-    n = op.get_attr("num_tables")
-    nw = op.get_attr("num_weights")
-    splits = op.inputs[n:2 * n]
-    keys = op.inputs[2 * n:3 * n]
-    weights = op.inputs[3 * n:3 * n + nw]
+def _table_grads(op, grads, splits, keys, weights, table_shapes):
+    """IndexedSlices gradients of the tables of a lookup op, from the CSR ids it read."""
     grads = [tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads)]
     res = _lib().embed_lab_fused_lookup_grad(grads, splits, keys, weights, combiners=op.get_attr("combiners"))
-    uniq, rows = res.unique_keys, res.rows
-    table_grads = [tf.IndexedSlices(rows[t], uniq[t], table_shapes[t]) for t in range(n)]
+    return [tf.IndexedSlices(res.rows[t], res.unique_keys[t], table_shapes[t]) for t in range(len(grads))]
+
+
+def _grad(op, grads, table_shapes):
+    n, nw = op.get_attr("num_tables"), op.get_attr("num_weights")
+    table_grads = _table_grads(op, grads, op.inputs[n:2 * n], op.inputs[2 * n:3 * n],
+                               op.inputs[3 * n:3 * n + nw], table_shapes)
     return table_grads + [None] * (2 * n + nw)
+
+
+def _variable_shapes(op, n):
+    return [resource_variable_ops.variable_shape(op.inputs[t], out_type=tf.int64) for t in range(n)]
 
 
 @tf.RegisterGradient("EmbedLabFusedLookup")
@@ -323,9 +362,17 @@ def _fused_lookup_grad(op, *grads):
 
 @tf.RegisterGradient("EmbedLabFusedResourceLookup")
 def _fused_resource_lookup_grad(op, *grads):
-    n = op.get_attr("num_tables")
-    return _grad(op, grads, [resource_variable_ops.variable_shape(op.inputs[t], out_type=tf.int64)
-                             for t in range(n)])
+    return _grad(op, grads, _variable_shapes(op, op.get_attr("num_tables")))
+
+
+@tf.RegisterGradient("EmbedLabFusedResourceSparseLookup")
+def _fused_resource_sparse_lookup_grad(op, *grads):
+    # Inputs: tables, indices, values, dense_shape (n each), weights; outputs: the pooled rows,
+    # then the CSR ids (row_splits, keys, weights) the gradient reads.
+    n, nw = op.get_attr("num_tables"), op.get_attr("num_weights")
+    table_grads = _table_grads(op, grads[:n], op.outputs[n:2 * n], op.outputs[2 * n:3 * n],
+                               op.outputs[3 * n:3 * n + nw], _variable_shapes(op, n))
+    return table_grads + [None] * (3 * n + nw)
 
 
 tf.no_gradient("EmbedLabFusedLookupGrad")

@@ -131,6 +131,88 @@ def test_fused_lookup_converts_several_sparse_ids_in_one_op(rng):
     assert ops_used.count("EmbedLabSparseToCsr") == 1
 
 
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+def test_sparse_ids_on_variables_convert_and_look_up_in_one_op(rng, combiner):
+    # All ids SparseTensors, all tables variables: one EmbedLabFusedResourceSparseLookup converts
+    # and looks up. Outputs and gradients must equal the oracle and the ragged (CSR) path, for
+    # canonical and shuffled COO, with weights, empty rows, -1 keys and duplicate keys.
+    shapes = [(int(rng.integers(5, 60)), int(rng.integers(1, 9))) for _ in range(3)]
+    tables = [_table(rng, r, d) for r, d in shapes]
+    ids = [ref.random_ids(rng, int(rng.integers(1, 20)), r) for r, _ in shapes]
+    sparse = [ids[0].sparse(tf, True), ids[1].sparse(tf, True, shuffle_rng=rng), ids[2].sparse(tf, True)]
+    ragged = [x.ragged(tf, True) for x in ids]
+    dys = [rng.standard_normal((x.batch, d)).astype(np.float32) for x, (_, d) in zip(ids, shapes)]
+
+    def run(args):
+        vs = [tf.Variable(t) for t in tables]
+        with tf.GradientTape() as tape:
+            outs = ops.fused_embedding_lookup(vs, [a[0] for a in args], combiner, weights=[a[1] for a in args])
+            loss = tf.add_n([tf.reduce_sum(o * dy) for o, dy in zip(outs, dys)])
+        grads = tape.gradient(loss, vs)
+        return [o.numpy() for o in outs], [tf.convert_to_tensor(g).numpy() for g in grads]
+
+    outs, grads = run(sparse)
+    outs_csr, grads_csr = run(ragged)
+    for t in range(3):
+        want = ref.np_lookup(tables[t], ids[t].splits, ids[t].keys, ids[t].weights, combiner)
+        np.testing.assert_allclose(outs[t], want, rtol=1e-5, atol=1e-5)
+        if t == 1:  # shuffled COO: a row's keys may be summed in another order
+            np.testing.assert_allclose(outs[t], outs_csr[t], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(grads[t], grads_csr[t], rtol=1e-5, atol=1e-5)
+        else:  # canonical COO: the very CSR ids of the ragged path, so the same bits
+            np.testing.assert_array_equal(outs[t], outs_csr[t])
+            np.testing.assert_array_equal(grads[t], grads_csr[t])
+
+    vs = [tf.Variable(t) for t in tables]
+
+    @tf.function
+    def graph(x):
+        return ops.fused_embedding_lookup(vs, x, combiner)
+    ops_used = [op.type for op in graph.get_concrete_function([a[0] for a in sparse]).graph.get_operations()]
+    assert ops_used.count("EmbedLabFusedResourceSparseLookup") == 1
+    assert "EmbedLabSparseToCsr" not in ops_used and "EmbedLabFusedResourceLookup" not in ops_used
+    got = graph([a[0] for a in sparse])
+    for t in range(3):
+        np.testing.assert_allclose(got[t].numpy(), ref.np_lookup(tables[t], ids[t].splits, ids[t].keys, None, combiner),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_ids_with_optimizer_train_like_ragged_ids(rng):
+    # optimizer= with SparseTensor ids reads the CSR ids the fused op made: same tables as the
+    # ragged path, bit for bit, over two steps.
+    from embedlab import optimizers as eopt
+    shapes = [(30, 4), (12, 8)]
+    tables = [_table(rng, r, d) for r, d in shapes]
+    ids = [ref.random_ids(rng, 10, r) for r, _ in shapes]
+    results = []
+    for kind in ("sparse", "ragged"):
+        vs = [tf.Variable(t) for t in tables]
+        opt = eopt.Adagrad(learning_rate=0.1)
+        args = [x.sparse(tf) if kind == "sparse" else x.ragged(tf) for x in ids]
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                outs = ops.fused_embedding_lookup(vs, args, "sum", optimizer=opt)
+                loss = tf.add_n([tf.reduce_sum(o * o) for o in outs])
+            tape.gradient(loss, vs)
+        results.append([v.numpy() for v in vs])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_bad_sparse_row_index_on_variables_names_the_op_and_table():
+    good = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2])
+    bad = tf.SparseTensor([[0, 0], [5, 0]], tf.constant([1, 2], tf.int64), [2, 2])
+    vs = [tf.Variable(tf.ones([4, 2])), tf.Variable(tf.ones([4, 2]))]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"EmbedLabFusedResourceSparseLookup: ids\[1\].*row index 5"):
+        ops.fused_embedding_lookup(vs, [good, bad], "sum")
+    key_bad = tf.SparseTensor([[0, 0], [1, 1]], tf.constant([1, 4], tf.int64), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"EmbedLabFusedResourceSparseLookup: ids\[0\].*key 4 .*outside the table of 4 rows"):
+        ops.fused_embedding_lookup(vs, [key_bad, good], "sum")
+    np.testing.assert_array_equal(vs[0].numpy(), np.ones([4, 2]))
+
+
 def test_bad_row_splits_through_the_raw_op_name_the_table():
     # ops.* builds valid splits; the op itself must still refuse bad ones (checked in the kernel).
     from embedlab import _native

@@ -182,6 +182,12 @@ void coalesce_cpu(const int64_t* indices, const float* rows, int64_t n, int64_t 
 std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch,
                            int64_t* row_offsets, int64_t* perm, int64_t stride = 1);
 
+// The first half of coo_to_csr_cpu: row_offsets[batch + 1] only, and whether the entries are
+// already in row order (*in_order; then the COO values are the CSR keys as they are, which is
+// the case for every canonical SparseTensor). One sequential pass. Returns "" or an error.
+std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t batch,
+                                int64_t* row_offsets, bool* in_order, int64_t stride = 1);
+
 }  // namespace embedlab
 
 // =======================================================================================

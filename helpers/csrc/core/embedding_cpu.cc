@@ -592,17 +592,34 @@ void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams 
   sparse_update(tables, num_tables, pool, AdamRow(p));
 }
 
-std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
-                           int64_t* perm, int64_t stride) {
+std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
+                                bool* in_order, int64_t stride) {
   std::fill(row_offsets, row_offsets + batch + 1, 0);
+  bool ordered = true;
+  int64_t prev = 0;
   for (int64_t i = 0; i < nnz; ++i) {
     const int64_t r = row_index[i * stride];
-    if (r < 0 || r >= batch) {
+    if (static_cast<uint64_t>(r) >= static_cast<uint64_t>(batch)) {
       return "row index " + str(r) + " at indices[" + str(i) + ", 0] is outside [0, " + str(batch) + ")";
     }
+    ordered &= (r >= prev);
+    prev = r;
     ++row_offsets[r + 1];
   }
   for (int64_t r = 0; r < batch; ++r) row_offsets[r + 1] += row_offsets[r];
+  *in_order = ordered;
+  return "";
+}
+
+std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
+                           int64_t* perm, int64_t stride) {
+  bool in_order = false;
+  const std::string err = coo_row_offsets_cpu(row_index, nnz, batch, row_offsets, &in_order, stride);
+  if (!err.empty()) return err;
+  if (in_order) {
+    std::iota(perm, perm + nnz, int64_t{0});
+    return "";
+  }
   std::vector<int64_t> cursor(row_offsets, row_offsets + batch);
   for (int64_t i = 0; i < nnz; ++i) perm[cursor[row_index[i * stride]]++] = i;
   return "";

@@ -81,7 +81,160 @@ class LookupInputs : public LookupAttrs {
   }
 };
 
+// ---- COO -> CSR ------------------------------------------------------------------------------
+
+// Several [batch, max_nnz] SparseTensors (and their weights) as CSR ids, written to an op's
+// outputs: the inputs of table t are indices at in0 + t, values at in0 + n + t, dense_shape at
+// in0 + 2n + t and weights at in0 + 3n + t; the outputs row_splits at out0 + t, keys at
+// out0 + n + t and weights at out0 + 2n + t. Shared by EmbedLabSparseToCsr and the forward that
+// reads SparseTensors itself.
+class CooToCsr {
+ public:
+  absl::Status Init(OpKernelConstruction* c) {
+    TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n_));
+    return c->GetAttr("num_weights", &nw_);
+  }
+
+  absl::Status Convert(OpKernelContext* ctx, TfPool& pool, int in0, int out0) const {
+    // Shapes checked and row_splits allocated on this thread; the row offsets (one sequential
+    // pass over each table's indices, bound by memory bandwidth) computed for all tables in
+    // parallel: on one thread the other core sat idle for ~0.3 ms per step (2-core VM).
+    std::vector<int64_t*> off(n_);
+    int64_t nnz = 0;
+    for (int t = 0; t < n_; ++t) {
+      TF_RETURN_IF_ERROR(Check(ctx, t, in0, out0, &off[t]));
+      nnz += ctx->input(in0 + t).dim_size(0);
+    }
+    std::vector<std::string> err(n_);
+    std::vector<char> in_order(n_, 0);
+    pool.parallel_for(n_, std::max<int64_t>(1, nnz / n_), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        const Tensor& indices = ctx->input(in0 + t);
+        bool ordered = false;
+        err[t] = embedlab::coo_row_offsets_cpu(indices.flat<int64_t>().data(), indices.dim_size(0),
+                                               ctx->input(in0 + 2 * n_ + t).flat<int64_t>()(0), off[t], &ordered,
+                                               indices.dim_size(1));
+        in_order[t] = ordered;
+      }
+    });
+    for (int t = 0; t < n_; ++t) {
+      if (!err[t].empty()) return errors::InvalidArgument(Ids(ctx, t), ": SparseTensor ", err[t]);
+      TF_RETURN_IF_ERROR(Keys(ctx, t, in0, out0, in_order[t] != 0));
+    }
+    return absl::OkStatus();
+  }
+
+  int n() const { return n_; }
+  int nw() const { return nw_; }
+
+ private:
+  // Worded only on an error: these ops run every step.
+  std::string Ids(OpKernelContext* ctx, int t) const { return Where(ctx->op_kernel().type_string(), "ids", t); }
+
+  // Checks table t's shapes and allocates its row_splits output (*off).
+  absl::Status Check(OpKernelContext* ctx, int t, int in0, int out0, int64_t** off) const {
+    const Tensor& indices = ctx->input(in0 + t);
+    const Tensor& values = ctx->input(in0 + n_ + t);
+    const Tensor& shape = ctx->input(in0 + 2 * n_ + t);
+    const Tensor* weights = nw_ > 0 ? &ctx->input(in0 + 3 * n_ + t) : nullptr;
+    if (indices.dims() != 2 || indices.dim_size(1) < 1)
+      return errors::InvalidArgument(Ids(ctx, t), ": SparseTensor indices must be [nnz, rank], got ",
+                                     indices.shape().DebugString());
+    const int64_t nnz = indices.dim_size(0), rank = indices.dim_size(1);
+    if (values.dims() != 1 || values.dim_size(0) != nnz)
+      return errors::InvalidArgument(Ids(ctx, t), ": SparseTensor has ", nnz, " indices but values of shape ",
+                                     values.shape().DebugString());
+    if (shape.dims() != 1 || shape.NumElements() != rank)
+      return errors::InvalidArgument(Ids(ctx, t), ": dense_shape must have ", rank, " entries");
+    if (weights && (weights->dims() != 1 || weights->dim_size(0) != nnz))
+      return errors::InvalidArgument(Where(ctx->op_kernel().type_string(), "weights", t), " have shape ",
+                                     weights->shape().DebugString(), " but ids have ", nnz,
+                                     " values; weights must be shaped like ids");
+    const int64_t batch = shape.flat<int64_t>()(0);
+    if (batch < 0) return errors::InvalidArgument(Ids(ctx, t), ": dense_shape[0] must be >= 0, got ", batch);
+    Tensor* splits = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(out0 + t, TensorShape({batch + 1}), &splits));
+    *off = splits->flat<int64_t>().data();
+    return absl::OkStatus();
+  }
+
+  // Table t's keys (and weights) in row order: the inputs themselves when they already are
+  // (any canonical SparseTensor: no copy), else a stable counting sort by row.
+  absl::Status Keys(OpKernelContext* ctx, int t, int in0, int out0, bool in_order) const {
+    const Tensor& indices = ctx->input(in0 + t);
+    const Tensor& values = ctx->input(in0 + n_ + t);
+    const Tensor* weights = nw_ > 0 ? &ctx->input(in0 + 3 * n_ + t) : nullptr;
+    if (in_order) {
+      ctx->set_output(out0 + n_ + t, values);
+      if (weights) ctx->set_output(out0 + 2 * n_ + t, *weights);
+      return absl::OkStatus();
+    }
+    const int64_t nnz = indices.dim_size(0);
+    Tensor *keys_out = nullptr, *w_out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(out0 + n_ + t, values.shape(), &keys_out));
+    if (weights) TF_RETURN_IF_ERROR(ctx->allocate_output(out0 + 2 * n_ + t, weights->shape(), &w_out));
+    Tensor* splits = ctx->mutable_output(out0 + t);
+    std::vector<int64_t> perm(nnz);
+    const std::string err = embedlab::coo_to_csr_cpu(indices.flat<int64_t>().data(), nnz, splits->NumElements() - 1,
+                                                     splits->flat<int64_t>().data(), perm.data(), indices.dim_size(1));
+    if (!err.empty()) return errors::InvalidArgument(Ids(ctx, t), ": SparseTensor ", err);
+    const int64_t* v = values.flat<int64_t>().data();
+    int64_t* k = keys_out->flat<int64_t>().data();
+    for (int64_t j = 0; j < nnz; ++j) k[j] = v[perm[j]];
+    if (weights) {
+      const float* w = weights->flat<float>().data();
+      float* wo = w_out->flat<float>().data();
+      for (int64_t j = 0; j < nnz; ++j) wo[j] = w[perm[j]];
+    }
+    return absl::OkStatus();
+  }
+
+  int n_ = 0, nw_ = 0;
+};
+
+class SparseToCsrOp : public OpKernel {
+ public:
+  explicit SparseToCsrOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, coo_.Init(c)); }
+
+  void Compute(OpKernelContext* ctx) override {
+    TfPool pool(ctx);
+    OP_REQUIRES_OK(ctx, coo_.Convert(ctx, pool, /*in0=*/0, /*out0=*/0));
+  }
+
+ private:
+  CooToCsr coo_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseToCsr").Device(DEVICE_CPU), SparseToCsrOp);
+
 // ---- forward ---------------------------------------------------------------------------------
+
+// The pooled lookup of tables[t] (variables read in place, or input tensors) by ids[t] into
+// freshly allocated outputs 0..n; offsets and keys are validated inside the kernel's pass.
+void RunForward(OpKernelContext* ctx, const LookupAttrs& attrs, const std::vector<Tensor>& tables,
+                const std::vector<embedlab::CsrIds>& ids, TfPool& pool) {
+  const int n = attrs.n();
+  std::vector<embedlab::LookupArgs> args(n);
+  for (int t = 0; t < n; ++t) {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({ids[t].batch, tables[t].dim_size(1)}), &out));
+    args[t].table = tables[t].flat<float>().data();
+    args[t].num_rows = tables[t].dim_size(0);
+    args[t].dim = tables[t].dim_size(1);
+    args[t].ids = ids[t];
+    args[t].combiner = attrs.combiner(t);
+    args[t].out = out->flat<float>().data();
+  }
+  const int bad = embedlab::lookup_forward_cpu(args.data(), n, pool);
+  OP_REQUIRES(ctx, bad < 0,
+              errors::InvalidArgument(Where(ctx->op_kernel().type_string(), "ids", bad), ": ",
+                                      embedlab::check_ids(ids[bad], args[bad].num_rows)));
+}
+
+// Long-lived variables only (a transient tensor is not worth collapsing): huge pages.
+void AdviseHugePages(const std::vector<Tensor>& tables) {
+  for (const Tensor& t : tables) embedlab::advise_huge_pages(t.tensor_data().data(), t.TotalBytes());
+}
 
 template <bool kResource>
 class FusedLookupOp : public OpKernel {
@@ -89,34 +242,15 @@ class FusedLookupOp : public OpKernel {
   explicit FusedLookupOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, in_.Init(c)); }
 
   void Compute(OpKernelContext* ctx) override {
-    const int n = in_.n();
     std::vector<core::RefCountPtr<Var>> vars;
     SharedLocks locks;
     std::vector<Tensor> tables;
-    OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, n, kResource, &vars, &locks, &tables));
-    if (kResource) {
-      // Long-lived variables only (a transient tensor is not worth collapsing): huge pages.
-      for (const Tensor& t : tables) embedlab::advise_huge_pages(t.tensor_data().data(), t.TotalBytes());
-    }
-    std::vector<int64_t> rows(n);
-    for (int t = 0; t < n; ++t) rows[t] = tables[t].dim_size(0);
+    OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, in_.n(), kResource, &vars, &locks, &tables));
+    if (kResource) AdviseHugePages(tables);
     std::vector<embedlab::CsrIds> ids;
     OP_REQUIRES_OK(ctx, in_.Read(ctx, /*check_offsets=*/false, &ids));  // the kernel checks offsets and keys
-    std::vector<embedlab::LookupArgs> args(n);
-    for (int t = 0; t < n; ++t) {
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({ids[t].batch, tables[t].dim_size(1)}), &out));
-      args[t].table = tables[t].flat<float>().data();
-      args[t].num_rows = rows[t];
-      args[t].dim = tables[t].dim_size(1);
-      args[t].ids = ids[t];
-      args[t].combiner = in_.combiner(t);
-      args[t].out = out->flat<float>().data();
-    }
     TfPool pool(ctx);
-    const int bad = embedlab::lookup_forward_cpu(args.data(), n, pool);
-    OP_REQUIRES(ctx, bad < 0,
-                errors::InvalidArgument(Where(type_string(), "ids", bad), ": ", embedlab::check_ids(ids[bad], rows[bad])));
+    RunForward(ctx, in_, tables, ids, pool);
   }
 
  private:
@@ -125,6 +259,45 @@ class FusedLookupOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookup").Device(DEVICE_CPU), FusedLookupOp<false>);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedResourceLookup").Device(DEVICE_CPU), FusedLookupOp<true>);
+
+// EmbedLabSparseToCsr and EmbedLabFusedResourceLookup in one op: on a 2-core VM the op boundary
+// between them cost more than the conversion itself. The CSR ids are outputs too (the backward
+// reads them).
+class FusedSparseLookupOp : public OpKernel {
+ public:
+  explicit FusedSparseLookupOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, attrs_.Init(c));
+    OP_REQUIRES_OK(c, coo_.Init(c));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int n = attrs_.n();
+    std::vector<core::RefCountPtr<Var>> vars;
+    SharedLocks locks;
+    std::vector<Tensor> tables;
+    OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, n, /*resource=*/true, &vars, &locks, &tables));
+    AdviseHugePages(tables);
+    TfPool pool(ctx);
+    OP_REQUIRES_OK(ctx, coo_.Convert(ctx, pool, /*in0=*/n, /*out0=*/n));
+    std::vector<embedlab::CsrIds> ids(n);
+    for (int t = 0; t < n; ++t) {
+      const Tensor& splits = *ctx->mutable_output(n + t);
+      const Tensor& keys = *ctx->mutable_output(2 * n + t);
+      ids[t].row_offsets = splits.flat<int64_t>().data();
+      ids[t].keys = keys.flat<int64_t>().data();
+      ids[t].batch = splits.NumElements() - 1;
+      ids[t].nnz = keys.NumElements();
+      ids[t].weights = coo_.nw() > 0 ? ctx->mutable_output(3 * n + t)->flat<float>().data() : nullptr;
+    }
+    RunForward(ctx, attrs_, tables, ids, pool);
+  }
+
+ private:
+  LookupAttrs attrs_;
+  CooToCsr coo_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedResourceSparseLookup").Device(DEVICE_CPU), FusedSparseLookupOp);
 
 // ---- backward --------------------------------------------------------------------------------
 
@@ -218,86 +391,6 @@ class FusedLookupGradOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGrad").Device(DEVICE_CPU), FusedLookupGradOp);
-
-// ---- COO -> CSR ------------------------------------------------------------------------------
-
-class SparseToCsrOp : public OpKernel {
- public:
-  explicit SparseToCsrOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_));
-    OP_REQUIRES_OK(c, c->GetAttr("num_weights", &nw_));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    // Every table's work is a few microseconds: checking and allocating here, one thread.
-    for (int t = 0; t < n_; ++t) OP_REQUIRES_OK(ctx, Convert(ctx, t));
-  }
-
- private:
-  absl::Status Convert(OpKernelContext* ctx, int t) {
-    const Tensor& indices = ctx->input(t);
-    const Tensor& values = ctx->input(n_ + t);
-    const Tensor& shape = ctx->input(2 * n_ + t);
-    const Tensor* weights = nw_ > 0 ? &ctx->input(3 * n_ + t) : nullptr;
-    const std::string& op = type_string();
-    // Worded only on an error: this op runs every step.
-    auto ids = [&] { return Where(op, "ids", t); };
-    if (indices.dims() != 2 || indices.dim_size(1) < 1)
-      return errors::InvalidArgument(ids(), ": SparseTensor indices must be [nnz, rank], got ", indices.shape().DebugString());
-    const int64_t nnz = indices.dim_size(0), rank = indices.dim_size(1);
-    if (values.dims() != 1 || values.dim_size(0) != nnz)
-      return errors::InvalidArgument(ids(), ": SparseTensor has ", nnz, " indices but values of shape ",
-                                     values.shape().DebugString());
-    if (shape.dims() != 1 || shape.NumElements() != rank)
-      return errors::InvalidArgument(ids(), ": dense_shape must have ", rank, " entries");
-    if (weights && (weights->dims() != 1 || weights->dim_size(0) != nnz))
-      return errors::InvalidArgument(Where(op, "weights", t), " have shape ", weights->shape().DebugString(),
-                                     " but ids have ", nnz, " values; weights must be shaped like ids");
-    const int64_t batch = shape.flat<int64_t>()(0);
-    if (batch < 0) return errors::InvalidArgument(ids(), ": dense_shape[0] must be >= 0, got ", batch);
-    Tensor* splits = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(t, TensorShape({batch + 1}), &splits));
-    int64_t* off = splits->flat<int64_t>().data();
-    const int64_t* idx = indices.flat<int64_t>().data();
-    std::fill(off, off + batch + 1, 0);
-    bool in_order = true;
-    int64_t prev = 0;
-    for (int64_t i = 0; i < nnz; ++i) {
-      const int64_t r = idx[i * rank];
-      if (static_cast<uint64_t>(r) >= static_cast<uint64_t>(batch))
-        return errors::InvalidArgument(ids(), ": SparseTensor row index ", r, " at indices[", i, ", 0] is outside [0, ",
-                                       batch, ")");
-      in_order &= (r >= prev);
-      prev = r;
-      ++off[r + 1];
-    }
-    for (int64_t r = 0; r < batch; ++r) off[r + 1] += off[r];
-    if (in_order) {  // the common case: forward the buffers, no copy
-      ctx->set_output(n_ + t, values);
-      if (weights) ctx->set_output(2 * n_ + t, *weights);
-      return absl::OkStatus();
-    }
-    Tensor *keys_out = nullptr, *w_out = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(n_ + t, values.shape(), &keys_out));
-    if (weights) TF_RETURN_IF_ERROR(ctx->allocate_output(2 * n_ + t, weights->shape(), &w_out));
-    std::vector<int64_t> perm(nnz);
-    const std::string err = embedlab::coo_to_csr_cpu(idx, nnz, batch, off, perm.data(), rank);
-    if (!err.empty()) return errors::InvalidArgument(ids(), ": SparseTensor ", err);
-    const int64_t* v = values.flat<int64_t>().data();
-    int64_t* k = keys_out->flat<int64_t>().data();
-    for (int64_t j = 0; j < nnz; ++j) k[j] = v[perm[j]];
-    if (weights) {
-      const float* w = weights->flat<float>().data();
-      float* wo = w_out->flat<float>().data();
-      for (int64_t j = 0; j < nnz; ++j) wo[j] = w[perm[j]];
-    }
-    return absl::OkStatus();
-  }
-
-  int n_, nw_;
-};
-
-REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseToCsr").Device(DEVICE_CPU), SparseToCsrOp);
 
 // ---- sparse optimizers -----------------------------------------------------------------------
 

@@ -89,6 +89,53 @@ EmbedLabFusedLookup reading resource variables in place (like ResourceGather): n
 table is made, and the gradient is an IndexedSlices on the variable.
 )doc");
 
+REGISTER_OP("EmbedLabFusedResourceSparseLookup")
+    .Input("tables: num_tables * resource")
+    .Input("indices: num_tables * int64")
+    .Input("values: num_tables * int64")
+    .Input("dense_shape: num_tables * int64")
+    .Input("weights: num_weights * float")
+    .Output("outputs: num_tables * float")
+    .Output("row_splits: num_tables * int64")
+    .Output("keys: num_tables * int64")
+    .Output("weights_out: num_weights * float")
+    .Attr("num_tables: int >= 1")
+    .Attr("num_weights: int >= 0")
+    .Attr("combiners: list(string)")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int n, nw;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw));
+      if (nw != 0 && nw != n) return errors::InvalidArgument("num_weights must be 0 or num_tables");
+      for (int t = 0; t < n; ++t) {
+        shape_inference::ShapeHandle idx, vals, dense;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 2, &idx));
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &vals));
+        shape_inference::DimensionHandle batch = c->UnknownDim();
+        // The batch is dense_shape[0] when that is known while building the graph.
+        if (c->MakeShapeFromShapeTensor(3 * n + t, &dense).ok() && c->RankKnown(dense) && c->Rank(dense) >= 1)
+          batch = c->Dim(dense, 0);
+        shape_inference::DimensionHandle dim = c->UnknownDim();
+        auto* handle_data = c->input_handle_shapes_and_types(t);
+        if (handle_data != nullptr && !handle_data->empty()) {
+          shape_inference::ShapeHandle table;
+          TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
+          dim = c->Dim(table, 1);
+        }
+        c->set_output(t, c->Matrix(batch, dim));
+        c->set_output(n + t, c->Vector(c->UnknownDim()));
+        c->set_output(2 * n + t, vals);
+        if (nw) c->set_output(3 * n + t, vals);
+      }
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+EmbedLabSparseToCsr followed by EmbedLabFusedResourceLookup, in one op: per table a
+[batch, max_nnz] SparseTensor (indices, values, dense_shape) and optional weights; outputs the
+pooled rows and the CSR ids the conversion made (row_splits, keys, weights_out), which the
+gradient reads.
+)doc");
+
 REGISTER_OP("EmbedLabFusedLookupGrad")
     .Input("grads: num_tables * float")
     .Input("row_splits: num_tables * int64")
