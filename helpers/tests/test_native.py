@@ -88,6 +88,65 @@ def test_core_backward_matches_oracle_and_is_deterministic(core, rng, combiner):
         assert np.array_equal(uk2, uk) and grad2.tobytes() == grad.tobytes()
 
 
+def _coo_of(offsets):
+    """[nnz, 2] COO indices (row, column) of CSR offsets, in row order."""
+    counts = np.diff(offsets)
+    rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    cols = np.concatenate([np.arange(c) for c in counts] + [np.zeros(0, np.int64)]).astype(np.int64)
+    return np.ascontiguousarray(np.stack([rows, cols], 1))
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_core_coo_forward_single_pass_equals_csr(core, rng, combiner, weighted):
+    # Canonical COO takes the single pass ('ok'), for any thread count (blocks then start inside
+    # the table, found by binary search over the rows): the CSR forward's bits and offsets.
+    for dim in (1, 16, 33):
+        rows, batch = 5000, int(rng.integers(2000, 4000))
+        table = rng.standard_normal((rows, dim)).astype(np.float32)
+        o, k = random_csr(rng, batch, rows, max_nnz=6, zipf=dim == 16)
+        w = rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32) if weighted else None
+        want = np.empty((batch, dim), np.float32)
+        core.lookup_forward([table], [o], [k], [w] if weighted else None, [combiner], [want])
+        for threads in (1, 2, 3, 8):
+            out = np.full((batch, dim), np.nan, np.float32)
+            off, status = core.lookup_forward_coo(table, _coo_of(o), k, w, batch, combiner, out, num_threads=threads)
+            assert status == "ok"
+            np.testing.assert_array_equal(off, o)
+            assert out.tobytes() == want.tobytes()
+
+
+def test_core_coo_forward_reports_unordered_rows_and_bad_keys(core, rng):
+    table = rng.standard_normal((50, 4)).astype(np.float32)
+    o, k = random_csr(rng, 300, 50)
+    k = np.where(k < -1, -1, k)
+    coo = _coo_of(o)
+    out = np.empty((300, 4), np.float32)
+    for threads in (1, 3):
+        p = rng.permutation(len(k))
+        if len(set(coo[p, 0].tolist())) > 1 and not np.all(np.diff(coo[p, 0]) >= 0):
+            _, status = core.lookup_forward_coo(table, np.ascontiguousarray(coo[p]), k[p], None, 300, "sum", out,
+                                                num_threads=threads)
+            assert status == "unordered"
+        bad = coo.copy()
+        bad[-1, 0] = 300                                   # in order, but past the last row
+        assert core.lookup_forward_coo(table, bad, k, None, 300, "sum", out, num_threads=threads)[1] == "unordered"
+        bad = coo.copy()
+        bad[0, 0] = -1                                     # in order, but before the first row
+        assert core.lookup_forward_coo(table, bad, k, None, 300, "sum", out, num_threads=threads)[1] == "unordered"
+        kb = k.copy()
+        kb[len(kb) // 2] = 50                              # a key outside the table
+        assert core.lookup_forward_coo(table, coo, kb, None, 300, "sum", out, num_threads=threads)[1] == "bad_key"
+        kb[len(kb) // 2] = -2                              # negative keys other than -1
+        assert core.lookup_forward_coo(table, coo, kb, None, 300, "sum", out, num_threads=threads)[1] == "bad_key"
+    empty = np.empty((0, 4), np.float32)
+    two = np.zeros((2, 2), np.int64)
+    assert core.lookup_forward_coo(table, two, np.array([1, 2], np.int64), None, 0, "sum", empty)[1] == "unordered"
+    off, status = core.lookup_forward_coo(table, np.zeros((0, 2), np.int64), np.zeros(0, np.int64), None, 0, "sum",
+                                          empty)
+    assert status == "ok" and off.tolist() == [0]
+
+
 def test_core_forward_same_bits_for_any_thread_count(core, rng):
     table = rng.standard_normal((20000, 64)).astype(np.float32)
     o, k = random_csr(rng, 4096, 20000, max_nnz=6)

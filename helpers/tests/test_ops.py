@@ -199,6 +199,69 @@ def test_sparse_ids_with_optimizer_train_like_ragged_ids(rng):
         np.testing.assert_array_equal(a, b)
 
 
+def test_sparse_lookup_single_pass_large_batches_match_ragged(rng):
+    # Batches large enough that the kernel splits each table into several blocks (each block
+    # finds its first entry by binary search over the row indices), with empty rows at both
+    # ends and in between, -1 keys, duplicates and weights; one table arrives unordered. Same
+    # bits as the ragged path where the COO is canonical.
+    shapes = [(1000, 16), (300, 3), (50, 8)]
+    tables = [_table(rng, r, d) for r, d in shapes]
+    ids = []
+    for rows, _ in shapes:
+        batch = int(rng.integers(2000, 4000))
+        counts = rng.integers(0, 5, batch)
+        counts[:7] = 0
+        counts[-5:] = 0
+        keys = rng.integers(-1, rows, int(counts.sum()))
+        ids.append((batch, counts, keys, rng.random(int(counts.sum())).astype(np.float32)))
+    vs = [tf.Variable(t) for t in tables]
+    for combiner in ("sum", "mean"):
+        sparse, ragged = [], []
+        for t, (batch, counts, keys, w) in enumerate(ids):
+            rows_of = np.repeat(np.arange(batch), counts)
+            cols = np.concatenate([np.arange(c) for c in counts]).astype(np.int64)
+            idx = np.stack([rows_of, cols], 1).astype(np.int64)
+            kk, ww = keys, w
+            if t == 2:
+                p = rng.permutation(len(keys))
+                idx, kk, ww = idx[p], keys[p], w[p]
+            shape = [batch, 4]
+            sparse.append((tf.SparseTensor(idx, kk, shape), tf.SparseTensor(idx, ww, shape)))
+            ragged.append((tf.RaggedTensor.from_row_lengths(keys, counts), tf.RaggedTensor.from_row_lengths(w, counts)))
+        got = ops.fused_embedding_lookup(vs, [a[0] for a in sparse], combiner, weights=[a[1] for a in sparse])
+        want = ops.fused_embedding_lookup(vs, [a[0] for a in ragged], combiner, weights=[a[1] for a in ragged])
+        for t in range(3):
+            if t == 2:
+                np.testing.assert_allclose(got[t].numpy(), want[t].numpy(), rtol=1e-5, atol=1e-5)
+            else:
+                np.testing.assert_array_equal(got[t].numpy(), want[t].numpy())
+            batch, counts, keys, w = ids[t]
+            oracle = ref.np_lookup(tables[t], np.concatenate([[0], np.cumsum(counts)]), keys, w, combiner)
+            np.testing.assert_allclose(got[t].numpy(), oracle, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("indices,shape,match", [
+    ([[0, 0], [1, 0], [2, 0]], [2, 2], r"row index 2 at indices\[2, 0\] is outside \[0, 2\)"),  # in order, last row too big
+    ([[-1, 0], [0, 0], [1, 0]], [2, 2], r"row index -1 at indices\[0, 0\]"),                     # in order, negative first
+    ([[1, 0], [0, 0], [-3, 0]], [2, 2], r"row index -3"),                                          # out of order and negative
+    ([[0, 0], [0, 1], [0, 2]], [0, 3], r"row index 0 at indices\[0, 0\] is outside \[0, 0\)"),   # entries but batch 0
+])
+def test_sparse_lookup_bad_rows_name_op_table_and_entry(indices, shape, match):
+    good = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2])
+    bad = tf.SparseTensor(indices, tf.constant([1, 2, 3], tf.int64), shape)
+    vs = [tf.Variable(tf.ones([4, 2])), tf.Variable(tf.ones([4, 2]))]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"EmbedLabFusedResourceSparseLookup: ids\[1\]: .*" + match):
+        ops.fused_embedding_lookup(vs, [good, bad], "sum")
+
+
+def test_sparse_lookup_zero_batch_and_no_entries():
+    vs = [tf.Variable(tf.ones([4, 3])), tf.Variable(tf.ones([5, 2]))]
+    empty = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [0, 2])
+    none_valid = tf.SparseTensor(tf.zeros([0, 2], tf.int64), tf.zeros([0], tf.int64), [3, 2])
+    out = ops.fused_embedding_lookup(vs, [empty, none_valid], "mean")
+    assert out[0].shape == (0, 3) and out[1].shape == (3, 2) and not out[1].numpy().any()
+
+
 def test_bad_sparse_row_index_on_variables_names_the_op_and_table():
     good = tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [2, 2])
     bad = tf.SparseTensor([[0, 0], [5, 0]], tf.constant([1, 2], tf.int64), [2, 2])

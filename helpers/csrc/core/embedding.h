@@ -71,6 +71,25 @@ std::string check_offsets(const CsrIds& ids);
 // (then outputs are unspecified; call check_ids for the message), or -1.
 int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool);
 
+// The same forward straight from COO ids, without a conversion pass: entry j of table t belongs
+// to output row coo[t].row_index[j * coo[t].stride] (a [nnz, rank] SparseTensor indices matrix
+// read in place), and ids.keys / ids.weights are the COO values. The kernel reads each entry's
+// row in the same pass as its key and writes the CSR offsets it finds to coo[t].row_offsets
+// ([batch + 1]; tables[t].ids.row_offsets is ignored), which is what the backward needs. It
+// relies on the entries being in row order (every canonical SparseTensor is); a table whose
+// rows are out of order or outside [0, batch) is only detected, not looked up: status[t] says
+// kCooUnordered and the caller converts that table (coo_to_csr_cpu) and runs
+// lookup_forward_cpu on it. status[t] is kCooBadKey for a key outside [-1, num_rows) (call
+// check_ids with the offsets written for the message), else kCooOk.
+struct CooRows {
+  const int64_t* row_index = nullptr;
+  int64_t stride = 1;
+  int64_t* row_offsets = nullptr;  // output, [batch + 1]
+};
+enum CooStatus : int { kCooOk = 0, kCooBadKey = 1, kCooUnordered = 2 };
+void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
+                            std::vector<int>* status);
+
 // Backward of one table. Two phases because the number of unique keys is only known after
 // sorting: prepare() sorts and returns the count; fill() writes the outputs.
 struct LookupGradArgs {

@@ -273,6 +273,113 @@ int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& poo
   return -1;
 }
 
+namespace {
+
+// The first entry in [0, nnz) whose COO row is >= r, if the rows are in order (if they are
+// not, some entry a block then reads falls outside its rows and the table is reported).
+int64_t first_entry_of_row(const CooRows& c, int64_t nnz, int64_t r) {
+  int64_t lo = 0, hi = nnz;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (c.row_index[mid * c.stride] < r) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Output rows [r0, r1) of one table from its COO entries [j0, j1), whose rows must be
+// non-decreasing and inside [r0, r1). Writes row_offsets[r0 + 1 .. r1]. Same float operations
+// in the same order as forward_rows on the equivalent CSR ids: same bits.
+template <int D>
+CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
+  const int64_t dim = Width<D>::get(a.dim);
+  const int64_t* keys = a.ids.keys;
+  const float* w = a.ids.weights;
+  bool keys_ok = true;
+  int64_t j = j0;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* o = a.out + r * dim;
+    zero<D>(o, dim);
+    float wsum = 0.f;
+    for (; j < j1; ++j) {
+      const int64_t row = c.row_index[j * c.stride];
+      if (row != r) {
+        if (row < r || row >= r1) return kCooUnordered;
+        break;  // row r is complete (or empty)
+      }
+      if (j + kPrefetchDistance < j1) {  // as in forward_rows: keep several rows in flight
+        const int64_t kp = keys[j + kPrefetchDistance];
+        if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
+      }
+      const int64_t k = keys[j];
+      if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(a.num_rows)) {
+        keys_ok &= (k == -1);
+        continue;
+      }
+      const float* src = a.table + k * dim;
+      if (w) {
+        axpy<D>(o, src, w[j], dim);
+        wsum += w[j];
+      } else {
+        add<D>(o, src, dim);
+        wsum += 1.f;
+      }
+    }
+    if (a.combiner == Combiner::kMean) {
+      if (wsum != 0.f) {
+        for (int64_t d = 0; d < dim; ++d) o[d] /= wsum;
+      } else {
+        zero<D>(o, dim);
+      }
+    }
+    c.row_offsets[r + 1] = j;
+  }
+  if (j != j1) return kCooUnordered;  // entries left over: their rows lie outside [r0, r1)
+  return keys_ok ? kCooOk : kCooBadKey;
+}
+
+}  // namespace
+
+void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
+                            std::vector<int>* status) {
+  status->assign(num_tables, kCooOk);
+  std::vector<std::atomic<int>> st(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    const int64_t batch = tables[t].ids.batch, nnz = tables[t].ids.nnz;
+    const bool bad = batch < 0 || nnz < 0 || (batch == 0 && nnz > 0);  // entries but no row to hold them
+    st[t].store(bad ? kCooUnordered : kCooOk, std::memory_order_relaxed);
+    if (!bad) coo[t].row_offsets[0] = 0;
+  }
+  FlatIndex flat(num_tables, [&](int t) { return st[t].load(std::memory_order_relaxed) == kCooOk ? tables[t].ids.batch : 0; });
+  if (flat.total() > 0) {
+    int64_t work = 0;
+    for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
+    const int64_t cost = std::max<int64_t>(1, work / flat.total());
+    pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) {
+      flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
+        const LookupArgs& a = tables[t];
+        // The first block of a table starts at entry 0 and the last ends at nnz, whatever the
+        // rows say: together with each block's check, every entry is covered and in order.
+        const int64_t j0 = r0 == 0 ? 0 : first_entry_of_row(coo[t], a.ids.nnz, r0);
+        const int64_t j1 = r1 == a.ids.batch ? a.ids.nnz : first_entry_of_row(coo[t], a.ids.nnz, r1);
+        CooStatus s = kCooUnordered;
+        if (j0 <= j1) {
+          dispatch_dim(a.dim, [&](auto d) { s = forward_coo_rows<decltype(d)::value>(a, coo[t], r0, r1, j0, j1); });
+        }
+        if (s != kCooOk) {  // the worst status wins: unordered over a bad key
+          int cur = st[t].load(std::memory_order_relaxed);
+          while (cur < s && !st[t].compare_exchange_weak(cur, s, std::memory_order_relaxed)) {
+          }
+        }
+      });
+    });
+  }
+  for (int t = 0; t < num_tables; ++t) (*status)[t] = st[t].load();
+}
+
 void sort_runs_cpu(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order,
                    std::vector<int64_t>* run_starts, ThreadPool&) {
   radix_order(keys, n, key_bound, order);

@@ -24,6 +24,7 @@ using F2 = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using CF2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using I1 = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using I2 = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
 #ifdef EMBEDLAB_WITH_CUDA
 void register_cuda(nb::module_& m);  // cuda_bindings.cc
@@ -106,6 +107,44 @@ void lookup_forward(const std::vector<CF2>& tables, const std::vector<I1>& offse
     bad = lookup_forward_cpu(args.data(), static_cast<int>(n), pool(num_threads));
   }
   if (bad >= 0) fail(fn, "table " + std::to_string(bad) + ": " + check_ids(args[bad].ids, args[bad].num_rows));
+}
+
+// One table's forward straight from COO: (row_offsets it found, status: "ok" | "bad_key" |
+// "unordered"). What lookup_forward_coo_cpu reports, without the adapter's fallback, so tests
+// can see that canonical input takes the single pass.
+std::tuple<nb::ndarray<nb::numpy, int64_t>, std::string> lookup_forward_coo(
+    const CF2& table, const I2& indices, const I1& keys, const std::optional<F1>& weights, int64_t batch,
+    const std::string& combiner, F2& out, int num_threads) {
+  const char* fn = "lookup_forward_coo";
+  if (batch < 0) fail(fn, "batch must be >= 0");
+  if (indices.shape(0) != keys.shape(0) || indices.shape(1) < 1)
+    fail(fn, "indices must be [nnz, rank >= 1] with one row per key");
+  if (weights && weights->shape(0) != keys.shape(0)) fail(fn, "weights must be shaped like keys");
+  if (out.shape(0) != static_cast<size_t>(batch) || out.shape(1) != table.shape(1))
+    fail(fn, "out must have shape [batch, dim]");
+  auto off = new_array<int64_t>({static_cast<size_t>(batch) + 1});
+  LookupArgs a;
+  a.table = table.data();
+  a.num_rows = static_cast<int64_t>(table.shape(0));
+  a.dim = static_cast<int64_t>(table.shape(1));
+  a.ids.row_offsets = off.data();
+  a.ids.keys = keys.data();
+  a.ids.weights = weights ? weights->data() : nullptr;
+  a.ids.batch = batch;
+  a.ids.nnz = static_cast<int64_t>(keys.shape(0));
+  a.combiner = combiner_of(fn, combiner);
+  a.out = out.data();
+  CooRows c;
+  c.row_index = indices.data();
+  c.stride = static_cast<int64_t>(indices.shape(1));
+  c.row_offsets = off.data();
+  std::vector<int> status;
+  {
+    nb::gil_scoped_release release;
+    lookup_forward_coo_cpu(&a, &c, 1, pool(num_threads), &status);
+  }
+  const char* names[] = {"ok", "bad_key", "unordered"};
+  return {off, names[status[0]]};
 }
 
 // One table's backward arguments (keys not yet checked).
@@ -207,6 +246,10 @@ NB_MODULE(_embedlab_core, m) {
   m.def("lookup_forward", &lookup_forward, nb::arg("tables"), nb::arg("row_offsets"), nb::arg("keys"),
         nb::arg("weights").none(), nb::arg("combiners"), nb::arg("outs"), nb::arg("num_threads") = 0,
         "Fused pooled lookup of several tables into preallocated outs[t] of shape [batch_t, dim_t].");
+  m.def("lookup_forward_coo", &lookup_forward_coo, nb::arg("table"), nb::arg("indices"), nb::arg("keys"),
+        nb::arg("weights").none(), nb::arg("batch"), nb::arg("combiner"), nb::arg("out"), nb::arg("num_threads") = 0,
+        "One table's pooled lookup straight from COO [nnz, rank] indices in row order, into out [batch, dim]:\n"
+        "(row_offsets found, status 'ok' | 'bad_key' | 'unordered'); 'unordered' leaves out unspecified.");
   m.def("lookup_backward", &lookup_backward, nb::arg("row_offsets"), nb::arg("keys"), nb::arg("weights").none(),
         nb::arg("combiner"), nb::arg("grad_out"), nb::arg("num_rows"), nb::arg("num_threads") = 0,
         "Backward of one table's lookup: (unique_keys ascending, summed gradient rows).");

@@ -127,7 +127,6 @@ class CooToCsr {
   int n() const { return n_; }
   int nw() const { return nw_; }
 
- private:
   // Worded only on an error: these ops run every step.
   std::string Ids(OpKernelContext* ctx, int t) const { return Where(ctx->op_kernel().type_string(), "ids", t); }
 
@@ -189,6 +188,7 @@ class CooToCsr {
     return absl::OkStatus();
   }
 
+ private:
   int n_ = 0, nw_ = 0;
 };
 
@@ -260,9 +260,11 @@ class FusedLookupOp : public OpKernel {
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookup").Device(DEVICE_CPU), FusedLookupOp<false>);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedResourceLookup").Device(DEVICE_CPU), FusedLookupOp<true>);
 
-// EmbedLabSparseToCsr and EmbedLabFusedResourceLookup in one op: on a 2-core VM the op boundary
-// between them cost more than the conversion itself. The CSR ids are outputs too (the backward
-// reads them).
+// EmbedLabSparseToCsr and EmbedLabFusedResourceLookup in one op, without the conversion pass:
+// the kernel reads each entry's row from the SparseTensor indices as it looks the key up, and
+// writes the CSR offsets (outputs, for the backward) on the way. Entries in row order (any
+// canonical SparseTensor) need nothing else; a table whose entries are not is converted by a
+// counting sort afterwards and looked up again from CSR.
 class FusedSparseLookupOp : public OpKernel {
  public:
   explicit FusedSparseLookupOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -272,24 +274,57 @@ class FusedSparseLookupOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const int n = attrs_.n();
+    // Inputs: tables, then indices, values, dense_shape and weights (n each, from input n on).
     std::vector<core::RefCountPtr<Var>> vars;
     SharedLocks locks;
     std::vector<Tensor> tables;
     OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, n, /*resource=*/true, &vars, &locks, &tables));
     AdviseHugePages(tables);
-    TfPool pool(ctx);
-    OP_REQUIRES_OK(ctx, coo_.Convert(ctx, pool, /*in0=*/n, /*out0=*/n));
-    std::vector<embedlab::CsrIds> ids(n);
+    std::vector<embedlab::LookupArgs> args(n);
+    std::vector<embedlab::CooRows> coo(n);
     for (int t = 0; t < n; ++t) {
-      const Tensor& splits = *ctx->mutable_output(n + t);
-      const Tensor& keys = *ctx->mutable_output(2 * n + t);
-      ids[t].row_offsets = splits.flat<int64_t>().data();
-      ids[t].keys = keys.flat<int64_t>().data();
-      ids[t].batch = splits.NumElements() - 1;
-      ids[t].nnz = keys.NumElements();
-      ids[t].weights = coo_.nw() > 0 ? ctx->mutable_output(3 * n + t)->flat<float>().data() : nullptr;
+      int64_t* off = nullptr;
+      OP_REQUIRES_OK(ctx, coo_.Check(ctx, t, /*in0=*/n, /*out0=*/n, &off));  // shapes; allocates row_splits
+      const Tensor& indices = ctx->input(n + t);
+      const Tensor& values = ctx->input(2 * n + t);
+      embedlab::LookupArgs& a = args[t];
+      a.table = tables[t].flat<float>().data();
+      a.num_rows = tables[t].dim_size(0);
+      a.dim = tables[t].dim_size(1);
+      a.ids.row_offsets = off;
+      a.ids.keys = values.flat<int64_t>().data();
+      a.ids.weights = coo_.nw() > 0 ? ctx->input(4 * n + t).flat<float>().data() : nullptr;
+      a.ids.batch = ctx->mutable_output(n + t)->NumElements() - 1;
+      a.ids.nnz = values.NumElements();
+      a.combiner = attrs_.combiner(t);
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({a.ids.batch, a.dim}), &out));
+      a.out = out->flat<float>().data();
+      coo[t] = {indices.flat<int64_t>().data(), indices.dim_size(1), off};
     }
-    RunForward(ctx, attrs_, tables, ids, pool);
+    TfPool pool(ctx);
+    std::vector<int> status;
+    embedlab::lookup_forward_coo_cpu(args.data(), coo.data(), n, pool, &status);
+    std::vector<int> redo;  // tables whose entries were not in row order
+    for (int t = 0; t < n; ++t) {
+      if (status[t] == embedlab::kCooUnordered) {
+        OP_REQUIRES_OK(ctx, coo_.Keys(ctx, t, n, n, /*in_order=*/false));  // counting sort; checks the rows
+        args[t].ids.keys = ctx->mutable_output(2 * n + t)->flat<int64_t>().data();
+        if (coo_.nw() > 0) args[t].ids.weights = ctx->mutable_output(3 * n + t)->flat<float>().data();
+        redo.push_back(t);
+        continue;
+      }
+      OP_REQUIRES(ctx, status[t] == embedlab::kCooOk,
+                  errors::InvalidArgument(coo_.Ids(ctx, t), ": ", embedlab::check_ids(args[t].ids, args[t].num_rows)));
+      OP_REQUIRES_OK(ctx, coo_.Keys(ctx, t, n, n, /*in_order=*/true));  // the values are the CSR keys
+    }
+    if (redo.empty()) return;
+    std::vector<embedlab::LookupArgs> csr;
+    for (int t : redo) csr.push_back(args[t]);
+    const int bad = embedlab::lookup_forward_cpu(csr.data(), static_cast<int>(csr.size()), pool);
+    OP_REQUIRES(ctx, bad < 0,
+                errors::InvalidArgument(coo_.Ids(ctx, redo[bad]), ": ",
+                                        embedlab::check_ids(csr[bad].ids, csr[bad].num_rows)));
   }
 
  private:
