@@ -132,8 +132,10 @@ REGISTER_OP("EmbedLabFusedResourceSparseLookup")
     .Doc(R"doc(
 EmbedLabSparseToCsr followed by EmbedLabFusedResourceLookup, in one op: per table a
 [batch, max_nnz] SparseTensor (indices, values, dense_shape) and optional weights; outputs the
-pooled rows and the CSR ids the conversion made (row_splits, keys, weights_out), which the
-gradient reads.
+pooled rows and the CSR ids (row_splits, keys, weights_out), which the gradient reads. Entries
+in row order (any canonical SparseTensor) are looked up in a single pass that reads each
+entry's row from the indices (keys and weights are then the inputs, not copies); a table out of
+order is sorted by row first. CPU kernel only.
 )doc");
 
 REGISTER_OP("EmbedLabFusedLookupGrad")
