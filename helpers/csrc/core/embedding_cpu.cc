@@ -99,6 +99,45 @@ struct FlatIndex {
   }
 };
 
+// Key j of an output row o: prefetches the table row of the key kPrefetchDistance ahead in the
+// flat key stream (across row boundaries, below jend: rows are random DRAM lines, so several
+// must be in flight), then adds key j's row, weighted, into o and its weight into *wsum.
+// Returns false for a key outside [-1, num_rows), which is skipped like -1.
+template <int D>
+inline bool add_key(const LookupArgs& a, float* __restrict o, int64_t j, int64_t jend, float* wsum) {
+  const int64_t dim = Width<D>::get(a.dim);
+  const int64_t* keys = a.ids.keys;
+  if (j + kPrefetchDistance < jend) {
+    const int64_t kp = keys[j + kPrefetchDistance];
+    if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
+  }
+  const int64_t k = keys[j];
+  if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(a.num_rows)) return k == -1;  // k < 0 or k >= rows
+  const float* src = a.table + k * dim;
+  const float* w = a.ids.weights;
+  if (w) {
+    axpy<D>(o, src, w[j], dim);
+    *wsum += w[j];
+  } else {
+    add<D>(o, src, dim);
+    *wsum += 1.f;
+  }
+  return true;
+}
+
+// The combiner's last step on a finished output row: mean divides by the summed weights (a row
+// without valid keys stays zero).
+template <int D>
+inline void finish_row(const LookupArgs& a, float* o, float wsum) {
+  if (a.combiner != Combiner::kMean) return;
+  const int64_t dim = Width<D>::get(a.dim);
+  if (wsum != 0.f) {
+    for (int64_t d = 0; d < dim; ++d) o[d] /= wsum;
+  } else {
+    zero<D>(o, dim);
+  }
+}
+
 // Returns false if a key outside [-1, num_rows) or a row whose offsets are not within
 // [0, nnz] and non-decreasing was seen (and skipped): no key or weight outside [0, nnz) is read.
 template <int D>
@@ -106,8 +145,6 @@ bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
   bool ok = true;
   const int64_t dim = Width<D>::get(a.dim);
   const int64_t* off = a.ids.row_offsets;
-  const int64_t* keys = a.ids.keys;
-  const float* w = a.ids.weights;
   const int64_t nnz = a.ids.nnz;
   const int64_t jend = std::min(std::max<int64_t>(off[r1], 0), nnz);  // prefetch bound only
   for (int64_t r = r0; r < r1; ++r) {
@@ -119,34 +156,8 @@ bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
       continue;
     }
     float wsum = 0.f;
-    for (int64_t j = jb; j < je; ++j) {
-      // Rows are random DRAM lines: keep several misses in flight by prefetching ahead in the
-      // flat key stream (across row boundaries).
-      if (j + kPrefetchDistance < jend) {
-        const int64_t kp = keys[j + kPrefetchDistance];
-        if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
-      }
-      const int64_t k = keys[j];
-      if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(a.num_rows)) {  // k < 0 or k >= rows
-        ok &= (k == -1);
-        continue;
-      }
-      const float* src = a.table + k * dim;
-      if (w) {
-        axpy<D>(o, src, w[j], dim);
-        wsum += w[j];
-      } else {
-        add<D>(o, src, dim);
-        wsum += 1.f;
-      }
-    }
-    if (a.combiner == Combiner::kMean) {
-      if (wsum != 0.f) {
-        for (int64_t d = 0; d < dim; ++d) o[d] /= wsum;
-      } else {
-        zero<D>(o, dim);
-      }
-    }
+    for (int64_t j = jb; j < je; ++j) ok &= add_key<D>(a, o, j, jend, &wsum);
+    finish_row<D>(a, o, wsum);
   }
   return ok;
 }
@@ -296,8 +307,6 @@ int64_t first_entry_of_row(const CooRows& c, int64_t nnz, int64_t r) {
 template <int D>
 CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
   const int64_t dim = Width<D>::get(a.dim);
-  const int64_t* keys = a.ids.keys;
-  const float* w = a.ids.weights;
   bool keys_ok = true;
   int64_t j = j0;
   for (int64_t r = r0; r < r1; ++r) {
@@ -310,31 +319,9 @@ CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, in
         if (row < r || row >= r1) return kCooUnordered;
         break;  // row r is complete (or empty)
       }
-      if (j + kPrefetchDistance < j1) {  // as in forward_rows: keep several rows in flight
-        const int64_t kp = keys[j + kPrefetchDistance];
-        if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
-      }
-      const int64_t k = keys[j];
-      if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(a.num_rows)) {
-        keys_ok &= (k == -1);
-        continue;
-      }
-      const float* src = a.table + k * dim;
-      if (w) {
-        axpy<D>(o, src, w[j], dim);
-        wsum += w[j];
-      } else {
-        add<D>(o, src, dim);
-        wsum += 1.f;
-      }
+      keys_ok &= add_key<D>(a, o, j, j1, &wsum);
     }
-    if (a.combiner == Combiner::kMean) {
-      if (wsum != 0.f) {
-        for (int64_t d = 0; d < dim; ++d) o[d] /= wsum;
-      } else {
-        zero<D>(o, dim);
-      }
-    }
+    finish_row<D>(a, o, wsum);
     c.row_offsets[r + 1] = j;
   }
   if (j != j1) return kCooUnordered;  // entries left over: their rows lie outside [r0, r1)

@@ -13,6 +13,24 @@ using shape_inference::ShapeHandle;
 
 // Inputs: tables (N x [rows, dim] tensors or N resources), row_splits (N x [batch+1]), ...
 // Outputs: N x [batch, dim].
+// The row width of table t (input t: a [rows, dim] tensor, or a resource whose handle data
+// carries its shape); unknown when a resource's shape is not known while building the graph.
+absl::Status TableDim(InferenceContext* c, int t, bool resource, DimensionHandle* dim) {
+  *dim = c->UnknownDim();
+  ShapeHandle table;
+  if (!resource) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &table));
+    *dim = c->Dim(table, 1);
+    return absl::OkStatus();
+  }
+  auto* handle_data = c->input_handle_shapes_and_types(t);
+  if (handle_data != nullptr && !handle_data->empty()) {
+    TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
+    *dim = c->Dim(table, 1);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FusedLookupShape(InferenceContext* c, bool resource_tables) {
   int n;
   TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
@@ -22,20 +40,28 @@ absl::Status FusedLookupShape(InferenceContext* c, bool resource_tables) {
     TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &splits /*unused*/));
     DimensionHandle batch;
     TF_RETURN_IF_ERROR(c->Subtract(c->Dim(c->input(n + t), 0), 1, &batch));
-    DimensionHandle dim = c->UnknownDim();
-    if (resource_tables) {
-      auto* handle_data = c->input_handle_shapes_and_types(t);
-      if (handle_data != nullptr && !handle_data->empty()) {
-        ShapeHandle table;
-        TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
-        dim = c->Dim(table, 1);
-      }
-    } else {
-      ShapeHandle table;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &table));
-      dim = c->Dim(table, 1);
-    }
+    DimensionHandle dim;
+    TF_RETURN_IF_ERROR(TableDim(c, t, resource_tables, &dim));
     c->set_output(t, c->Matrix(batch, dim));
+  }
+  return absl::OkStatus();
+}
+
+// The CSR outputs of a COO conversion: row_splits[t] (length unknown) at out0 + t, keys[t] and
+// weights_out[t] shaped like values[t] at out0 + n + t and out0 + 2n + t; the inputs indices[t]
+// at in0 + t ([nnz, rank]) and values[t] at in0 + n + t.
+absl::Status CooToCsrShapes(InferenceContext* c, int in0, int out0) {
+  int n, nw;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw));
+  if (nw != 0 && nw != n) return errors::InvalidArgument("num_weights must be 0 or num_tables");
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle idx, vals;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(in0 + t), 2, &idx));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(in0 + n + t), 1, &vals));
+    c->set_output(out0 + t, c->Vector(c->UnknownDim()));
+    c->set_output(out0 + n + t, vals);
+    if (nw) c->set_output(out0 + 2 * n + t, vals);
   }
   return absl::OkStatus();
 }
@@ -103,29 +129,17 @@ REGISTER_OP("EmbedLabFusedResourceSparseLookup")
     .Attr("num_weights: int >= 0")
     .Attr("combiners: list(string)")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int n, nw;
+      int n;
       TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw));
-      if (nw != 0 && nw != n) return errors::InvalidArgument("num_weights must be 0 or num_tables");
+      TF_RETURN_IF_ERROR(embedlab_shapes::CooToCsrShapes(c, /*in0=*/n, /*out0=*/n));
       for (int t = 0; t < n; ++t) {
-        shape_inference::ShapeHandle idx, vals, dense;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 2, &idx));
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &vals));
-        shape_inference::DimensionHandle batch = c->UnknownDim();
         // The batch is dense_shape[0] when that is known while building the graph.
+        shape_inference::ShapeHandle dense;
+        shape_inference::DimensionHandle batch = c->UnknownDim(), dim;
         if (c->MakeShapeFromShapeTensor(3 * n + t, &dense).ok() && c->RankKnown(dense) && c->Rank(dense) >= 1)
           batch = c->Dim(dense, 0);
-        shape_inference::DimensionHandle dim = c->UnknownDim();
-        auto* handle_data = c->input_handle_shapes_and_types(t);
-        if (handle_data != nullptr && !handle_data->empty()) {
-          shape_inference::ShapeHandle table;
-          TF_RETURN_IF_ERROR(c->WithRank((*handle_data)[0].shape, 2, &table));
-          dim = c->Dim(table, 1);
-        }
+        TF_RETURN_IF_ERROR(embedlab_shapes::TableDim(c, t, /*resource=*/true, &dim));
         c->set_output(t, c->Matrix(batch, dim));
-        c->set_output(n + t, c->Vector(c->UnknownDim()));
-        c->set_output(2 * n + t, vals);
-        if (nw) c->set_output(3 * n + t, vals);
       }
       return absl::OkStatus();
     })
@@ -193,19 +207,7 @@ REGISTER_OP("EmbedLabSparseToCsr")
     .Attr("num_tables: int >= 1 = 1")
     .Attr("num_weights: int >= 0 = 0")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int n, nw;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_weights", &nw));
-      if (nw != 0 && nw != n) return errors::InvalidArgument("num_weights must be 0 or num_tables");
-      for (int t = 0; t < n; ++t) {
-        shape_inference::ShapeHandle idx, vals;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &idx));
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &vals));
-        c->set_output(t, c->Vector(c->UnknownDim()));
-        c->set_output(n + t, vals);
-        if (nw) c->set_output(2 * n + t, vals);
-      }
-      return absl::OkStatus();
+      return embedlab_shapes::CooToCsrShapes(c, /*in0=*/0, /*out0=*/0);
     })
     .Doc(R"doc(
 Several [batch, max_nnz] SparseTensors (and their weights) as CSR, in one op: per table,
