@@ -12,8 +12,9 @@ Measured, per dim, in the same run:
 
 * forward: `embedlab.ops.fused_embedding_lookup` over the 26 tables (one op) vs 26 calls of
   `tf.nn.safe_embedding_lookup_sparse` (the op a TensorFlow user would otherwise pick). The
-  EmbedLab side is timed twice: with the same COO `SparseTensor` (converted to CSR inside,
-  by a counting sort) and with pre-built CSR (`tf.RaggedTensor`) input.
+  EmbedLab side is timed twice: with the same COO `SparseTensor` (canonical, so the CPU
+  kernel reads each key's row from the indices in its one pass; unordered COO would be sorted
+  by row first) and with pre-built CSR (`tf.RaggedTensor`) input.
 * in graph: the forward and the train steps again, `--steps-per-call` (K) steps per
   tf.function call, like Keras' `steps_per_execution`, so that TensorFlow's per-call Python
   overhead (about 2 ms on the 2-core VM for 26 SparseTensor arguments, the same for both
@@ -25,8 +26,9 @@ Measured, per dim, in the same run:
   `embedlab.optimizers.SGD` (fused sparse kernel) vs the native step
   (safe_embedding_lookup_sparse + tape + `keras.optimizers.SGD`). Both use the loss
   sum_t sum(out_t * r_t) with fixed random r_t. Forward+backward without the update is timed
-  too, and so are the pieces of EmbedLab's step on their own (COO->CSR conversion, forward
-  kernel, backward kernel, SGD apply kernel), to show where the time goes.
+  too, and so are the pieces of EmbedLab's step on their own (the standalone COO->CSR op
+  `ops.to_csr`, which lookups on CPU variables no longer need; the forward, backward and SGD
+  apply kernels), to show where the time goes.
 
 Prints a table with ratios and writes JSON (default helpers/benchmarks/results/lookup_cpu.json).
 
