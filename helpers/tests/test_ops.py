@@ -413,20 +413,27 @@ def test_model_fit_trains_only_touched_rows(rng):
     assert not np.array_equal(before[:30], after[:30])
 
 
-def test_saved_model_round_trip_in_subprocess(rng, tmp_path):
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_saved_model_round_trip_in_subprocess(rng, tmp_path, kind):
+    # Dense ids go through EmbedLabFusedResourceLookup, SparseTensor ids through
+    # EmbedLabFusedResourceSparseLookup: both ops must load with the SavedModel.
     table = _table(rng, 20, 3)
     ids = ref.random_ids(rng, 6, 20)
+    spec = (tf.TensorSpec([None, None], tf.int64) if kind == "dense" else
+            tf.SparseTensorSpec([None, None], tf.int64))
 
     class M(tf.Module):
         def __init__(self):
             self.table = tf.Variable(table)
 
-        @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int64)])
+        @tf.function(input_signature=[spec])
         def __call__(self, ids):
             return ops.embedding_lookup(self.table, ids, "sum")
 
     m = M()
-    want = m(tf.constant(ids.dense())).numpy()
+    x = tf.constant(ids.dense()) if kind == "dense" else ids.sparse(tf)
+    want = m(x).numpy()
+    np.testing.assert_allclose(want, ref.np_lookup(table, ids.splits, ids.keys, None, "sum"), rtol=1e-5, atol=1e-5)
     tf.saved_model.save(m, str(tmp_path / "sm"))
     np.save(tmp_path / "ids.npy", ids.dense())
     np.save(tmp_path / "want.npy", want)
@@ -434,7 +441,10 @@ def test_saved_model_round_trip_in_subprocess(rng, tmp_path):
         import numpy as np, tensorflow as tf
         import embedlab.ops  # registers the op library, so the SavedModel loads
         m = tf.saved_model.load({str(tmp_path / 'sm')!r})
-        got = m(tf.constant(np.load({str(tmp_path / 'ids.npy')!r}))).numpy()
+        dense = tf.constant(np.load({str(tmp_path / 'ids.npy')!r}))
+        x = dense if {kind!r} == "dense" else tf.sparse.from_dense(dense + 1)  # keys + 1, so -1 pads drop out
+        x = x if {kind!r} == "dense" else tf.SparseTensor(x.indices, x.values - 1, x.dense_shape)
+        got = m(x).numpy()
         assert np.array_equal(got, np.load({str(tmp_path / 'want.npy')!r})), (got,)
         print("OK")
     """)
@@ -442,6 +452,9 @@ def test_saved_model_round_trip_in_subprocess(rng, tmp_path):
                TF_CPP_MIN_LOG_LEVEL="2")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
+    if kind == "sparse":
+        graph_ops = {op.type for op in m.__call__.get_concrete_function().graph.get_operations()}
+        assert "EmbedLabFusedResourceSparseLookup" in graph_ops
 
 
 # ---- bad input ---------------------------------------------------------------------------------
