@@ -2,6 +2,7 @@
 // runs before anything is written, so bad input leaves tables and optimizer state unchanged.
 #define EIGEN_USE_THREADS
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
+#include "tensorflow/core/platform/blocking_counter.h"
 
 #include "adapter.h"
 #include "embedding.h"
@@ -46,12 +48,32 @@ class TfPool final : public embedlab::ThreadPool {
     constexpr int64_t kBlocksPerThread = 8;
     const int64_t blocks = std::min<int64_t>(threads * kBlocksPerThread, n);
     const int64_t per = (n + blocks - 1) / blocks;
-    pool_->ParallelFor(blocks, /*cost_per_unit=*/int64_t{1} << 30, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
+    std::atomic<int64_t> next{0};
+    auto work = [&] {
+      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
         const int64_t lo = i * per, hi = std::min(n, lo + per);
         if (lo < hi) fn(lo, hi);
       }
-    });
+    };
+    // Called from one of the pool's own threads, waiting for helpers could deadlock: run inline.
+    if (pool_->CurrentThreadId() >= 0) {
+      work();
+      return;
+    }
+    // The calling thread takes blocks too, with threads - 1 helpers from the pool: as many
+    // threads as the pool has, not one more. (Eigen's ParallelFor also runs a share on the
+    // caller, which made 3 busy threads on the VM's 2 vCPUs: in graph, dim-16 forward with CSR
+    // ids, 3 alternating process pairs: 3.13-3.49 ms per step with it, 2.69-2.73 ms with this.)
+    const int helpers = static_cast<int>(std::min<int64_t>(threads - 1, blocks - 1));
+    BlockingCounter done(helpers);
+    for (int h = 0; h < helpers; ++h) {
+      pool_->Schedule([&] {
+        work();
+        done.DecrementCount();
+      });
+    }
+    work();
+    done.Wait();
   }
 
  private:

@@ -1,0 +1,170 @@
+// The memory floor under the CPU lookup benchmark (lookup_cpu.py), without TensorFlow: the
+// production forward kernel (lookup_forward_cpu on the core's own thread pool) against a plain
+// gather of the same random rows (no sums, no checks), on the same tables and batches.
+//
+// Tables: `tables` x `rows` x `dim` float32 in one buffer on (transparent) huge pages, as
+// EmbedLab advises them. Batches: 4,096 output rows per table with 1-3 keys each, uniform over
+// the table, eight batches used in turn (no batch finds its rows in cache from the one before).
+// The gather runs on the calling thread plus spinning helpers (no wake-up cost), prefetching
+// 16 keys ahead with the kernels' hint (into L2). The two are timed in alternating blocks of 10
+// batches (helpers stopped while the kernel runs, so neither steals the other's cores); the
+// median and minimum are printed. Built against the core library that `make setup` compiled:
+//
+//   g++ -O3 -DNDEBUG -pthread -I helpers/csrc/core -o /tmp/gather_floor (continued:)
+//       helpers/benchmarks/gather_floor.cc helpers/build/*/libembedlab_core.a
+//   /tmp/gather_floor [rows=1000000] [tables=26] [dim=16] [threads=2]
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "embedding.h"
+#include "thread_pool.h"
+
+namespace {
+
+constexpr int64_t kBatch = 4096;
+constexpr int kPrefetch = 16;
+
+struct Batch {
+  std::vector<std::vector<int64_t>> offsets, keys;  // per table: CSR ids
+  std::vector<int64_t> flat;                        // every key, as a row of the whole buffer
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void gather(const float* table, const int64_t* rows, float* out, int64_t b, int64_t e, int64_t dim) {
+  for (int64_t j = b; j < e; ++j) {
+    if (j + kPrefetch < e) {
+      const float* p = table + rows[j + kPrefetch] * dim;
+      for (int64_t l = 0; l < (dim * 4 + 63) / 64; ++l) __builtin_prefetch(p + l * 16, 0, 1);
+    }
+    std::memcpy(out + j * dim, table + rows[j] * dim, dim * sizeof(float));
+  }
+}
+
+void report(const char* what, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  std::printf("%-44s median %.2f ms, min %.2f ms\n", what, ms[ms.size() / 2], ms.front());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t rows = argc > 1 ? std::atoll(argv[1]) : 1000000;
+  const int64_t tables = argc > 2 ? std::atoll(argv[2]) : 26;
+  const int64_t dim = argc > 3 ? std::atoll(argv[3]) : 16;
+  const int threads = argc > 4 ? std::atoi(argv[4]) : 2;
+  if (rows < 1 || tables < 1 || dim < 1 || threads < 1) {
+    std::fprintf(stderr, "usage: %s [rows] [tables] [dim] [threads], all >= 1\n", argv[0]);
+    return 2;
+  }
+  const size_t huge = size_t{2} << 20;
+  const size_t bytes = ((static_cast<size_t>(rows * tables * dim) * sizeof(float) + huge - 1) / huge) * huge;
+  float* table = static_cast<float*>(std::aligned_alloc(huge, bytes));
+  if (table == nullptr) {
+    std::fprintf(stderr, "cannot allocate %zu bytes\n", bytes);
+    return 1;
+  }
+  madvise(table, bytes, MADV_HUGEPAGE);
+  std::memset(table, 0, bytes);  // touch every page before timing
+
+  std::mt19937_64 rng(1);
+  std::vector<Batch> batches(8);
+  int64_t keys_per_batch = 0;
+  for (Batch& b : batches) {
+    b.offsets.resize(tables);
+    b.keys.resize(tables);
+    b.flat.clear();
+    for (int64_t t = 0; t < tables; ++t) {
+      b.offsets[t].assign(1, 0);
+      for (int64_t r = 0; r < kBatch; ++r) {
+        const int c = 1 + static_cast<int>(rng() % 3);
+        for (int i = 0; i < c; ++i) {
+          const int64_t k = static_cast<int64_t>(rng() % static_cast<uint64_t>(rows));
+          b.keys[t].push_back(k);
+          b.flat.push_back(t * rows + k);
+        }
+        b.offsets[t].push_back(static_cast<int64_t>(b.keys[t].size()));
+      }
+    }
+    keys_per_batch = static_cast<int64_t>(b.flat.size());
+  }
+  std::printf("%lld tables x %lld rows x %lld floats (%.2f GiB), batch %lld, ~%lld keys per batch, %d threads\n",
+              static_cast<long long>(tables), static_cast<long long>(rows), static_cast<long long>(dim),
+              bytes / double(1 << 30), static_cast<long long>(kBatch), static_cast<long long>(keys_per_batch),
+              threads);
+
+  std::vector<float> out(static_cast<size_t>(tables * kBatch * dim));
+  std::vector<float> gathered(static_cast<size_t>(keys_per_batch + tables * kBatch * 3) * dim);
+  auto pool = embedlab::make_thread_pool(threads);
+  std::vector<double> kernel_ms, gather_ms;
+  int next = 0;
+  for (int block = 0; block < 8; ++block) {
+    for (int i = 0; i <= 10; ++i) {  // the first of each block is untimed
+      const Batch& b = batches[next++ % batches.size()];
+      std::vector<embedlab::LookupArgs> args(tables);
+      for (int64_t t = 0; t < tables; ++t) {
+        embedlab::LookupArgs& a = args[t];
+        a.table = table + t * rows * dim;
+        a.num_rows = rows;
+        a.dim = dim;
+        a.ids.row_offsets = b.offsets[t].data();
+        a.ids.keys = b.keys[t].data();
+        a.ids.batch = kBatch;
+        a.ids.nnz = static_cast<int64_t>(b.keys[t].size());
+        a.out = out.data() + t * kBatch * dim;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      if (embedlab::lookup_forward_cpu(args.data(), static_cast<int>(tables), *pool) >= 0) return 3;
+      if (i > 0) kernel_ms.push_back(ms_since(t0));
+    }
+    std::atomic<int> generation{0}, done{0};
+    std::atomic<bool> stop{false};
+    std::atomic<const Batch*> current{nullptr};
+    auto part = [&](const Batch* b, int p) {
+      const int64_t n = static_cast<int64_t>(b->flat.size());
+      gather(table, b->flat.data(), gathered.data(), n * p / threads, n * (p + 1) / threads, dim);
+    };
+    std::vector<std::thread> helpers;
+    for (int p = 1; p < threads; ++p) {
+      helpers.emplace_back([&, p] {
+        int seen = 0;
+        for (;;) {
+          while (generation.load() == seen && !stop.load()) {
+          }
+          if (stop.load()) return;
+          seen = generation.load();
+          part(current.load(), p);
+          done.fetch_add(1);
+        }
+      });
+    }
+    for (int i = 0; i <= 10; ++i) {
+      const Batch& b = batches[next++ % batches.size()];
+      const auto t0 = std::chrono::steady_clock::now();
+      current.store(&b);
+      done.store(0);
+      generation.fetch_add(1);
+      part(&b, 0);
+      while (done.load() < threads - 1) {
+      }
+      if (i > 0) gather_ms.push_back(ms_since(t0));
+    }
+    stop.store(true);
+    for (auto& h : helpers) h.join();
+  }
+  report("lookup_forward_cpu (sum, core thread pool):", kernel_ms);
+  report("plain gather of the same rows (the floor):", gather_ms);
+  std::free(table);
+  return 0;
+}
