@@ -99,6 +99,19 @@ struct FlatIndex {
   }
 };
 
+// Calls fn(t, r0, r1) in parallel on blocks of output rows [r0, r1) of table t, over the
+// rows_of(t) rows of every table (0 skips a table), with the forward's cost hint (~1 ns per
+// element: each row's output plus each key's table row).
+template <typename RowsOf, typename F>
+void parallel_over_rows(const LookupArgs* tables, int num_tables, ThreadPool& pool, RowsOf rows_of, F fn) {
+  FlatIndex flat(num_tables, rows_of);
+  if (flat.total() == 0) return;
+  int64_t work = 0;
+  for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
+  const int64_t cost = std::max<int64_t>(1, work / flat.total());
+  pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) { flat.for_each(b, e, fn); });
+}
+
 // Key j of an output row o: prefetches the table row of the key kPrefetchDistance ahead in the
 // flat key stream (across row boundaries, below jend: rows are random DRAM lines, so several
 // must be in flight), then adds key j's row, weighted, into o and its weight into *wsum.
@@ -265,20 +278,15 @@ int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& poo
     const CsrIds& ids = tables[t].ids;
     if (ids.batch < 0 || ids.nnz < 0 || ids.row_offsets[0] != 0 || ids.row_offsets[ids.batch] != ids.nnz) return t;
   }
-  FlatIndex flat(num_tables, [&](int t) { return tables[t].ids.batch; });
-  if (flat.total() == 0) return -1;
   std::vector<std::atomic<bool>> bad(num_tables);
   for (auto& b : bad) b.store(false, std::memory_order_relaxed);
-  int64_t work = 0;
-  for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
-  const int64_t cost = std::max<int64_t>(1, work / flat.total());  // ~1 ns per element
-  pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) {
-    flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
-      dispatch_dim(tables[t].dim, [&](auto d) {
-        if (!forward_rows<decltype(d)::value>(tables[t], r0, r1)) bad[t].store(true, std::memory_order_relaxed);
-      });
-    });
-  });
+  parallel_over_rows(tables, num_tables, pool, [&](int t) { return tables[t].ids.batch; },
+                     [&](int t, int64_t r0, int64_t r1) {
+                       dispatch_dim(tables[t].dim, [&](auto d) {
+                         if (!forward_rows<decltype(d)::value>(tables[t], r0, r1))
+                           bad[t].store(true, std::memory_order_relaxed);
+                       });
+                     });
   for (int t = 0; t < num_tables; ++t)
     if (bad[t].load()) return t;
   return -1;
@@ -332,7 +340,6 @@ CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, in
 
 void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
                             std::vector<int>* status) {
-  status->assign(num_tables, kCooOk);
   std::vector<std::atomic<int>> st(num_tables);
   for (int t = 0; t < num_tables; ++t) {
     const int64_t batch = tables[t].ids.batch, nnz = tables[t].ids.nnz;
@@ -340,13 +347,10 @@ void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int nu
     st[t].store(bad ? kCooUnordered : kCooOk, std::memory_order_relaxed);
     if (!bad) coo[t].row_offsets[0] = 0;
   }
-  FlatIndex flat(num_tables, [&](int t) { return st[t].load(std::memory_order_relaxed) == kCooOk ? tables[t].ids.batch : 0; });
-  if (flat.total() > 0) {
-    int64_t work = 0;
-    for (int t = 0; t < num_tables; ++t) work += (tables[t].ids.nnz + tables[t].ids.batch) * tables[t].dim;
-    const int64_t cost = std::max<int64_t>(1, work / flat.total());
-    pool.parallel_for(flat.total(), cost, [&](int64_t b, int64_t e) {
-      flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
+  parallel_over_rows(
+      tables, num_tables, pool,
+      [&](int t) { return st[t].load(std::memory_order_relaxed) == kCooOk ? tables[t].ids.batch : 0; },
+      [&](int t, int64_t r0, int64_t r1) {
         const LookupArgs& a = tables[t];
         // The first block of a table starts at entry 0 and the last ends at nnz, whatever the
         // rows say: together with each block's check, every entry is covered and in order.
@@ -362,8 +366,7 @@ void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int nu
           }
         }
       });
-    });
-  }
+  status->resize(num_tables);
   for (int t = 0; t < num_tables; ++t) (*status)[t] = st[t].load();
 }
 

@@ -231,23 +231,32 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseToCsr").Device(DEVICE_CPU), SparseTo
 
 // ---- forward ---------------------------------------------------------------------------------
 
-// The pooled lookup of tables[t] (variables read in place, or input tensors) by ids[t] into
-// freshly allocated outputs 0..n; offsets and keys are validated inside the kernel's pass.
+// The forward's arguments for a lookup of tables[t] (variables read in place, or input tensors)
+// by ids[t], with outputs 0..n allocated as [batch_t, dim_t].
+absl::Status ForwardArgs(OpKernelContext* ctx, const LookupAttrs& attrs, const std::vector<Tensor>& tables,
+                         const std::vector<embedlab::CsrIds>& ids, std::vector<embedlab::LookupArgs>* args) {
+  args->resize(attrs.n());
+  for (int t = 0; t < attrs.n(); ++t) {
+    embedlab::LookupArgs& a = (*args)[t];
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(t, TensorShape({ids[t].batch, tables[t].dim_size(1)}), &out));
+    a.table = tables[t].flat<float>().data();
+    a.num_rows = tables[t].dim_size(0);
+    a.dim = tables[t].dim_size(1);
+    a.ids = ids[t];
+    a.combiner = attrs.combiner(t);
+    a.out = out->flat<float>().data();
+  }
+  return absl::OkStatus();
+}
+
+// The pooled lookup of tables[t] by ids[t] into freshly allocated outputs 0..n; offsets and
+// keys are validated inside the kernel's pass.
 void RunForward(OpKernelContext* ctx, const LookupAttrs& attrs, const std::vector<Tensor>& tables,
                 const std::vector<embedlab::CsrIds>& ids, TfPool& pool) {
-  const int n = attrs.n();
-  std::vector<embedlab::LookupArgs> args(n);
-  for (int t = 0; t < n; ++t) {
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({ids[t].batch, tables[t].dim_size(1)}), &out));
-    args[t].table = tables[t].flat<float>().data();
-    args[t].num_rows = tables[t].dim_size(0);
-    args[t].dim = tables[t].dim_size(1);
-    args[t].ids = ids[t];
-    args[t].combiner = attrs.combiner(t);
-    args[t].out = out->flat<float>().data();
-  }
-  const int bad = embedlab::lookup_forward_cpu(args.data(), n, pool);
+  std::vector<embedlab::LookupArgs> args;
+  OP_REQUIRES_OK(ctx, ForwardArgs(ctx, attrs, tables, ids, &args));
+  const int bad = embedlab::lookup_forward_cpu(args.data(), attrs.n(), pool);
   OP_REQUIRES(ctx, bad < 0,
               errors::InvalidArgument(Where(ctx->op_kernel().type_string(), "ids", bad), ": ",
                                       embedlab::check_ids(ids[bad], args[bad].num_rows)));
@@ -302,28 +311,22 @@ class FusedSparseLookupOp : public OpKernel {
     std::vector<Tensor> tables;
     OP_REQUIRES_OK(ctx, embedlab_tf::ReadTables(ctx, n, /*resource=*/true, &vars, &locks, &tables));
     AdviseHugePages(tables);
-    std::vector<embedlab::LookupArgs> args(n);
+    std::vector<embedlab::CsrIds> ids(n);
     std::vector<embedlab::CooRows> coo(n);
     for (int t = 0; t < n; ++t) {
       int64_t* off = nullptr;
       OP_REQUIRES_OK(ctx, coo_.Check(ctx, t, /*in0=*/n, /*out0=*/n, &off));  // shapes; allocates row_splits
       const Tensor& indices = ctx->input(n + t);
       const Tensor& values = ctx->input(2 * n + t);
-      embedlab::LookupArgs& a = args[t];
-      a.table = tables[t].flat<float>().data();
-      a.num_rows = tables[t].dim_size(0);
-      a.dim = tables[t].dim_size(1);
-      a.ids.row_offsets = off;
-      a.ids.keys = values.flat<int64_t>().data();
-      a.ids.weights = coo_.nw() > 0 ? ctx->input(4 * n + t).flat<float>().data() : nullptr;
-      a.ids.batch = ctx->mutable_output(n + t)->NumElements() - 1;
-      a.ids.nnz = values.NumElements();
-      a.combiner = attrs_.combiner(t);
-      Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, TensorShape({a.ids.batch, a.dim}), &out));
-      a.out = out->flat<float>().data();
+      ids[t].row_offsets = off;  // written by the kernel
+      ids[t].keys = values.flat<int64_t>().data();
+      ids[t].weights = coo_.nw() > 0 ? ctx->input(4 * n + t).flat<float>().data() : nullptr;
+      ids[t].batch = ctx->mutable_output(n + t)->NumElements() - 1;
+      ids[t].nnz = values.NumElements();
       coo[t] = {indices.flat<int64_t>().data(), indices.dim_size(1), off};
     }
+    std::vector<embedlab::LookupArgs> args;
+    OP_REQUIRES_OK(ctx, ForwardArgs(ctx, attrs_, tables, ids, &args));
     TfPool pool(ctx);
     std::vector<int> status;
     embedlab::lookup_forward_coo_cpu(args.data(), coo.data(), n, pool, &status);
