@@ -115,7 +115,7 @@ class LookupGradCpu {
   // sparse_<opt>_cpu on the unique keys, bit for bit. Needs min_key() >= -1 and
   // max_key() < target.num_rows (the caller checks; nothing is checked here).
   void apply(const SparseUpdateArgs& target, const SparseOptimizer& opt, ThreadPool& pool) const;
-  int64_t num_unique() const { return static_cast<int64_t>(run_starts_.size()) - 1; }
+  int64_t num_unique() const { return static_cast<int64_t>(unique_keys_.size()); }
   // The smallest key prepare() saw (any key, -1 and invalid ones included) and the largest
   // valid one; -1 when there were none. Lets adapters validate without another pass.
   int64_t min_key() const { return min_key_; }
@@ -124,14 +124,10 @@ class LookupGradCpu {
  private:
   LookupGradArgs args_;
   int64_t min_key_ = -1, max_key_ = -1;
-  std::vector<int64_t> sorted_keys_;  // valid keys, sorted by (key, position)
-  std::vector<int64_t> sorted_pos_;   // their positions j
-  std::vector<int64_t> row_of_pos_;   // [nnz] row of each position
-  std::vector<float> row_scale_;      // [batch] 1 or 1 / sum_w for mean
-  std::vector<int64_t> run_starts_;   // start of each unique-key run, plus an end sentinel
+  std::vector<int64_t> unique_keys_;  // the valid keys, sorted, each once
+  std::vector<int64_t> slot_of_pos_;  // [nnz] index into unique_keys_ of each position's key; -1 if none
   std::vector<uint64_t> packed_, scratch_;  // radix sort buffers
-  mutable std::vector<int64_t> apply_keys_;  // apply(): the summed rows before the update
-  mutable std::vector<float> apply_rows_;
+  mutable std::vector<float> apply_rows_;   // apply(): the summed rows before the update
   // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
   // table) allocates nothing after the first call, so worker threads take no page faults.
 };

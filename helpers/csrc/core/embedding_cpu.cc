@@ -2,9 +2,10 @@
 //
 // Where the time goes: the forward and the optimizers are gathers/scatters of random table
 // rows, bound by memory latency, so they prefetch a few keys ahead and parallelise over
-// (table, row block). The backward is bound by sorting keys; it uses an LSD radix sort over
-// only the bits the largest key needs (two 11-bit passes for a 1M-row table), which is stable
-// and so keeps contributions to one key in position order: deterministic bits.
+// (table, row block). The backward groups each table's keys with an LSD radix sort over only
+// the bits the largest key needs (two 11-bit passes for a 1M-row table), then sums the
+// output-gradient rows in one pass in position order (sequential reads), so contributions to
+// one key are added in position order: deterministic bits.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -417,51 +418,45 @@ void radix_sort_packed(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp, int
 }  // namespace
 
 int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
+  // Groups the contributions by key: each valid position's index among the sorted unique keys
+  // (slot_of_pos_). fill() then walks the ids in position order, reading each output-gradient
+  // row once and in order, and sums into the rows of the unique keys in position order per key.
   args_ = args;
   const CsrIds& ids = args.ids;
-  row_of_pos_.resize(ids.nnz);
-  row_scale_.resize(ids.batch);
+  slot_of_pos_.resize(ids.nnz);
+  unique_keys_.clear();
+  // One pass: min / max / count, and each valid key packed as (key << pos_bits | position)
+  // for a sort on the key bits only; a key too wide to pack sends the table to the slow path.
+  const int pos_bits = bits_for(static_cast<uint64_t>(ids.nnz));
+  const uint64_t too_wide = pos_bits == 0 ? 0 : ~uint64_t{0} << (64 - pos_bits);
+  std::vector<uint64_t>& packed = packed_;
+  packed.resize(ids.nnz);
   int64_t max_key = 0, valid = 0, min_key = INT64_MAX;
-  for (int64_t r = 0; r < ids.batch; ++r) {
-    float wsum = 0.f;
-    for (int64_t j = ids.row_offsets[r]; j < ids.row_offsets[r + 1]; ++j) {
-      row_of_pos_[j] = r;
-      const int64_t k = ids.keys[j];
-      min_key = std::min(min_key, k);
-      if (k < 0) continue;
-      ++valid;
-      max_key = std::max(max_key, k);
-      wsum += ids.weights ? ids.weights[j] : 1.f;
+  uint64_t wide = 0;
+  for (int64_t j = 0; j < ids.nnz; ++j) {
+    const int64_t k = ids.keys[j];
+    min_key = std::min(min_key, k);
+    max_key = std::max(max_key, k);
+    if (k >= 0) {
+      wide |= static_cast<uint64_t>(k) & too_wide;
+      packed[valid++] = (static_cast<uint64_t>(k) << pos_bits) | static_cast<uint64_t>(j);
+    } else {
+      slot_of_pos_[j] = -1;
     }
-    row_scale_[r] = wsum;  // only read for mean
   }
   min_key_ = ids.nnz == 0 ? -1 : min_key;
   max_key_ = valid > 0 ? max_key : -1;
-  const int pos_bits = bits_for(static_cast<uint64_t>(ids.nnz));
-  const int key_bits = bits_for(static_cast<uint64_t>(max_key) + 1);
-  sorted_keys_.resize(valid);
-  sorted_pos_.resize(valid);
-  run_starts_.clear();
-  if (pos_bits + key_bits <= 64) {
-    // Fast path (any realistic table): one array of (key << pos_bits | position), sorted on the
-    // key bits only.
-    std::vector<uint64_t>& packed = packed_;
-    packed.resize(valid);
-    int64_t v = 0;
-    for (int64_t j = 0; j < ids.nnz; ++j) {
-      const int64_t k = ids.keys[j];
-      if (k >= 0) packed[v++] = (static_cast<uint64_t>(k) << pos_bits) | static_cast<uint64_t>(j);
-    }
-    radix_sort_packed(&packed, &scratch_, pos_bits, key_bits);
+  packed.resize(valid);
+  if (wide == 0) {
+    radix_sort_packed(&packed, &scratch_, pos_bits, bits_for(static_cast<uint64_t>(max_key) + 1));
     const uint64_t pos_mask = pos_bits == 0 ? 0 : (~uint64_t{0} >> (64 - pos_bits));
     for (int64_t i = 0; i < valid; ++i) {
-      sorted_keys_[i] = static_cast<int64_t>(packed[i] >> pos_bits);
-      sorted_pos_[i] = static_cast<int64_t>(packed[i] & pos_mask);
-      if (i == 0 || sorted_keys_[i] != sorted_keys_[i - 1]) run_starts_.push_back(i);
+      const int64_t k = static_cast<int64_t>(packed[i] >> pos_bits);
+      if (i == 0 || k != unique_keys_.back()) unique_keys_.push_back(k);
+      slot_of_pos_[packed[i] & pos_mask] = static_cast<int64_t>(unique_keys_.size()) - 1;
     }
-    run_starts_.push_back(valid);
-  } else {
-    std::vector<int64_t> valid_keys, valid_pos, order;
+  } else {  // keys near 2^63: sort (key, position) pairs as two arrays
+    std::vector<int64_t> valid_keys, valid_pos, order, runs;
     valid_keys.reserve(valid);
     valid_pos.reserve(valid);
     for (int64_t j = 0; j < ids.nnz; ++j) {
@@ -469,10 +464,11 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
       valid_keys.push_back(ids.keys[j]);
       valid_pos.push_back(j);
     }
-    sort_runs_cpu(valid_keys.data(), valid, max_key + 1, &order, &run_starts_, pool);
-    for (int64_t i = 0; i < valid; ++i) {
-      sorted_keys_[i] = valid_keys[order[i]];
-      sorted_pos_[i] = valid_pos[order[i]];
+    sort_runs_cpu(valid_keys.data(), valid, max_key + 1, &order, &runs, pool);
+    for (size_t u = 0; u + 1 < runs.size(); ++u) {
+      unique_keys_.push_back(valid_keys[order[runs[u]]]);
+      for (int64_t i = runs[u]; i < runs[u + 1]; ++i)
+        slot_of_pos_[valid_pos[order[i]]] = static_cast<int64_t>(u);
     }
   }
   return num_unique();
@@ -480,36 +476,61 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
 
 namespace {
 
+// The summed gradient rows of the unique keys [u0, u1) (rows[u] for u in that range): one pass
+// over the ids in position order, each output-gradient row read once and in order and added
+// into the rows of its keys, so each key's contributions are added in increasing position,
+// whatever the split into key ranges: deterministic bits. Only the summed rows are written at
+// random; they are prefetched for writing ahead in the key stream. The rows are zeroed first
+// by a memset (zeroing each row at its key's first contribution instead measured no faster).
 template <int D>
-void fill_runs(int64_t u0, int64_t u1, const int64_t* run_starts, const int64_t* sorted_keys,
-               const int64_t* sorted_pos, const int64_t* row_of_pos, const float* row_scale, const float* w,
-               const float* dy, bool mean, int64_t dim_rt, int64_t* unique_keys, float* rows) {
-  const int64_t dim = Width<D>::get(dim_rt);
-  const int64_t iend = run_starts[u1];
-  for (int64_t u = u0; u < u1; ++u) {
-    const int64_t s = run_starts[u], t = run_starts[u + 1];
-    unique_keys[u] = sorted_keys[s];
-    float* out = rows + u * dim;
-    zero<D>(out, dim);
-    for (int64_t i = s; i < t; ++i) {
-      // In key order the output-gradient rows come in random order, and for many tables they
-      // do not fit in cache together: prefetch ahead, as the forward does for table rows.
-      if (i + kPrefetchDistance < iend) prefetch_row(dy + row_of_pos[sorted_pos[i + kPrefetchDistance]] * dim, dim);
-      const int64_t pos = sorted_pos[i];
-      const int64_t r = row_of_pos[pos];
-      const float* g = dy + r * dim;
-      const float wj = w ? w[pos] : 1.f;
+void sum_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t u0, int64_t u1, float* rows) {
+  const int64_t dim = Width<D>::get(g.dim);
+  const CsrIds& ids = g.ids;
+  const bool mean = g.combiner == Combiner::kMean;
+  std::memset(rows + u0 * dim, 0, sizeof(float) * (u1 - u0) * dim);
+  const int64_t nnz = ids.nnz;
+  for (int64_t r = 0; r < ids.batch; ++r) {
+    const int64_t jb = ids.row_offsets[r], je = ids.row_offsets[r + 1];
+    const float* gr = g.grad_out + r * dim;
+    float ws = 1.f;
+    if (mean) {  // the forward's divisor: the row's summed weights over its valid keys
+      ws = 0.f;
+      for (int64_t j = jb; j < je; ++j)
+        if (ids.keys[j] >= 0) ws += ids.weights ? ids.weights[j] : 1.f;
+    }
+    for (int64_t j = jb; j < je; ++j) {
+      if (j + kPrefetchDistance < nnz) {
+        const int64_t up = slot_of_pos[j + kPrefetchDistance];
+        if (up >= u0 && up < u1) prefetch_row_for_write(rows + up * dim, dim);
+      }
+      const int64_t u = slot_of_pos[j];
+      if (u < u0 || u >= u1) continue;  // -1 (no key), or another thread's key range
+      float* out = rows + u * dim;
+      const float wj = ids.weights ? ids.weights[j] : 1.f;
       if (mean) {
         // d(sum/wsum)/d(row) = w / wsum: divide first, as the forward did.
-        const float ws = row_scale[r];
-        for (int64_t d = 0; d < dim; ++d) out[d] += wj * (g[d] / ws);
-      } else if (w) {
-        axpy<D>(out, g, wj, dim);
+        for (int64_t d = 0; d < dim; ++d) out[d] += wj * (gr[d] / ws);
+      } else if (ids.weights) {
+        axpy<D>(out, gr, wj, dim);
       } else {
-        add<D>(out, g, dim);
+        add<D>(out, gr, dim);
       }
     }
   }
+}
+
+// rows[nu, dim] of all unique keys: one key range per thread. Each range's pass reads all ids
+// but sums only its keys' rows, so no two threads write the same row. (With many tables the TF
+// op gives each table one thread: one pass.)
+void sum_all_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t nu, float* rows, ThreadPool& pool) {
+  const int64_t parts = std::min<int64_t>(std::max(pool.num_threads(), 1), nu);
+  pool.parallel_for(parts, int64_t{1} << 20, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      dispatch_dim(g.dim, [&](auto d) {
+        sum_rows<decltype(d)::value>(g, slot_of_pos, nu * p / parts, nu * (p + 1) / parts, rows);
+      });
+    }
+  });
 }
 
 // The optimizers' row updates, shared by sparse_*_cpu and the fused backward: each is called
@@ -605,31 +626,22 @@ void with_update(const SparseOptimizer& opt, F fn) {
 void LookupGradCpu::fill(int64_t* unique_keys, float* rows, ThreadPool& pool) const {
   const int64_t nu = num_unique();
   if (nu <= 0) return;
-  const int64_t dim = args_.dim;
-  const bool mean = args_.combiner == Combiner::kMean;
-  const int64_t cost = std::max<int64_t>(1, (static_cast<int64_t>(sorted_pos_.size()) / nu + 1) * dim);
-  pool.parallel_for(nu, cost, [&](int64_t b, int64_t e) {
-    dispatch_dim(dim, [&](auto d) {
-      fill_runs<decltype(d)::value>(b, e, run_starts_.data(), sorted_keys_.data(), sorted_pos_.data(),
-                                    row_of_pos_.data(), row_scale_.data(), args_.ids.weights, args_.grad_out,
-                                    mean, dim, unique_keys, rows);
-    });
-  });
+  std::memcpy(unique_keys, unique_keys_.data(), sizeof(int64_t) * nu);
+  sum_all_rows(args_, slot_of_pos_.data(), nu, rows, pool);
 }
 
 void LookupGradCpu::apply(const SparseUpdateArgs& target, const SparseOptimizer& opt, ThreadPool& pool) const {
-  // Two passes over reused buffers: the summed rows, then the update, row by row in key order
-  // with write prefetches. Interleaving the two per key (or per chunk of 32 keys) measured
-  // 1.3-1.6x slower on the 2-core VM: the random gradient-row reads and the table's
-  // read-modify-writes slow each other down. Same code, so the same bits, as fill() followed by
-  // sparse_<opt>_cpu; the difference to that is no output tensors, one op, no allocation.
+  // Two passes over a reused buffer: the summed rows, then the update, row by row in key order
+  // with write prefetches. Interleaving the two per key (or per chunk of 32 to 2,048 keys)
+  // measured slower (sessions 2 and 5): each loop keeps its own stream of misses in flight, and
+  // every switch restarts the prefetch pipeline. Same code, so the same bits, as fill() followed
+  // by sparse_<opt>_cpu; the difference to that is no output tensors, one op, no allocation.
   const int64_t nu = num_unique();
   if (nu <= 0) return;
-  apply_keys_.resize(nu);
   apply_rows_.resize(nu * args_.dim);
-  fill(apply_keys_.data(), apply_rows_.data(), pool);
+  sum_all_rows(args_, slot_of_pos_.data(), nu, apply_rows_.data(), pool);
   SparseUpdateArgs a = target;
-  a.indices = apply_keys_.data();
+  a.indices = unique_keys_.data();
   a.grads = apply_rows_.data();
   a.n = nu;
   with_update(opt, [&](auto update) { sparse_update(&a, 1, pool, update); });
