@@ -127,6 +127,7 @@ class LookupGradCpu {
   std::vector<int64_t> unique_keys_;  // the valid keys, sorted, each once
   std::vector<int64_t> slot_of_pos_;  // [nnz] index into unique_keys_ of each position's key; -1 if none
   std::vector<uint64_t> packed_, scratch_;  // radix sort buffers
+  std::vector<int64_t> radix_counts_;
   mutable std::vector<float> apply_rows_;   // apply(): the summed rows before the update
   // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
   // table) allocates nothing after the first call, so worker threads take no page faults.

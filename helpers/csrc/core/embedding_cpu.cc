@@ -389,27 +389,40 @@ int bits_for(uint64_t bound) {  // smallest b with 2^b >= bound
   return b;
 }
 
-// Stable LSD radix sort of packed values by bits [lo, lo + nbits), 11 bits per pass. The low
-// bits hold the position, so equal keys stay in position order without a second array.
-void radix_sort_packed(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp, int lo, int nbits) {
-  constexpr int kRadixBits = 11;
-  constexpr uint64_t kMask = (uint64_t{1} << kRadixBits) - 1;
+// Stable LSD radix sort of packed values by bits [lo, lo + nbits), in as few passes of at most
+// 11 bits as cover them, the bits shared evenly (20 key bits: two passes of 10). The low bits
+// hold the position, so equal keys stay in position order without a second array. One read
+// pass counts the digits of every pass; a pass whose digit is the same for all values is
+// skipped.
+void radix_sort_packed(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp, std::vector<int64_t>* counts, int lo,
+                       int nbits) {
+  constexpr int kMaxBits = 11;
   const int64_t n = static_cast<int64_t>(v->size());
   if (n < 2 || nbits == 0) return;
+  const int passes = (nbits + kMaxBits - 1) / kMaxBits;
+  const int bits = (nbits + passes - 1) / passes;
+  const uint64_t mask = (uint64_t{1} << bits) - 1;
+  const int64_t buckets = int64_t{1} << bits;
+  counts->assign(static_cast<size_t>(passes * buckets), 0);
+  int64_t* count = counts->data();
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t x = (*v)[i] >> lo;
+    for (int p = 0; p < passes; ++p) ++count[p * buckets + ((x >> (p * bits)) & mask)];
+  }
   tmp->resize(n);
   uint64_t* src = v->data();
   uint64_t* dst = tmp->data();
-  int64_t count[kMask + 1];
-  for (int shift = lo; shift < lo + nbits; shift += kRadixBits) {
-    std::fill(count, count + kMask + 1, 0);
-    for (int64_t i = 0; i < n; ++i) ++count[(src[i] >> shift) & kMask];
+  for (int p = 0; p < passes; ++p) {
+    int64_t* c = count + p * buckets;
+    const int shift = lo + p * bits;
+    if (c[(src[0] >> shift) & mask] == n) continue;  // one digit for all: already in order
     int64_t sum = 0;
-    for (auto& c : count) {
-      const int64_t t = c;
-      c = sum;
+    for (int64_t d = 0; d < buckets; ++d) {
+      const int64_t t = c[d];
+      c[d] = sum;
       sum += t;
     }
-    for (int64_t i = 0; i < n; ++i) dst[count[(src[i] >> shift) & kMask]++] = src[i];
+    for (int64_t i = 0; i < n; ++i) dst[c[(src[i] >> shift) & mask]++] = src[i];
     std::swap(src, dst);
   }
   if (src != v->data()) std::memcpy(v->data(), src, sizeof(uint64_t) * n);
@@ -448,7 +461,7 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
   max_key_ = valid > 0 ? max_key : -1;
   packed.resize(valid);
   if (wide == 0) {
-    radix_sort_packed(&packed, &scratch_, pos_bits, bits_for(static_cast<uint64_t>(max_key) + 1));
+    radix_sort_packed(&packed, &scratch_, &radix_counts_, pos_bits, bits_for(static_cast<uint64_t>(max_key) + 1));
     const uint64_t pos_mask = pos_bits == 0 ? 0 : (~uint64_t{0} >> (64 - pos_bits));
     for (int64_t i = 0; i < valid; ++i) {
       const int64_t k = static_cast<int64_t>(packed[i] >> pos_bits);
