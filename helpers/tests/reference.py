@@ -184,8 +184,8 @@ def random_csr(rng, batch, rows, max_nnz=5, zipf=False, zipf_a=1.2, pad=0.2, emp
         keys = rng.integers(0, rows, size=nnz)
     keys = keys.astype(np.int64)
     keys[rng.random(nnz) < pad] = -1
-    if nnz > 3:
-        keys[1] = keys[0] = abs(keys[0])
+    if nnz > 3:  # a -1 there becomes key 1, or 0 in a table of one row
+        keys[1] = keys[0] = abs(keys[0]) % rows
     return offsets, keys
 
 
