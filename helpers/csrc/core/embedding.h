@@ -126,11 +126,11 @@ class LookupGradCpu {
   int64_t min_key_ = -1, max_key_ = -1;
   std::vector<int64_t> unique_keys_;  // the valid keys, sorted, each once
   std::vector<int64_t> slot_of_pos_;  // [nnz] index into unique_keys_ of each position's key; -1 if none
-  std::vector<uint64_t> packed_, scratch_;  // radix sort buffers
-  std::vector<int64_t> radix_counts_;
-  mutable std::vector<float> apply_rows_;   // apply(): the summed rows before the update
   // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
   // table) allocates nothing after the first call, so worker threads take no page faults.
+  // Scratch that only one call reads (the sort's buffers, apply()'s summed rows) belongs to the
+  // calling thread instead (thread_local in embedding_cpu.cc), where it stays in cache from
+  // one table to the next.
 };
 
 // Sorts (key, payload-index) pairs by key, stable in index, and reports the runs of equal
