@@ -389,6 +389,14 @@ int bits_for(uint64_t bound) {  // smallest b with 2^b >= bound
   return b;
 }
 
+// Per-thread scratch is kept between calls only up to this size: a one-off huge call must not
+// pin its memory to a pool thread for the life of the process.
+template <typename T>
+void trim_scratch(std::vector<T>* v) {
+  constexpr size_t kMaxKeptBytes = size_t{64} << 20;
+  if (v->capacity() * sizeof(T) > kMaxKeptBytes) std::vector<T>().swap(*v);
+}
+
 // Stable LSD radix sort of packed values by bits [lo, lo + nbits), in as few passes of at most
 // 11 bits as cover them, the bits shared evenly (20 key bits: two passes of 10). The low bits
 // hold the position, so equal keys stay in position order without a second array. One read
@@ -487,6 +495,8 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
         slot_of_pos_[valid_pos[order[i]]] = static_cast<int64_t>(u);
     }
   }
+  trim_scratch(&packed);
+  trim_scratch(&scratch);
   return num_unique();
 }
 
@@ -666,6 +676,7 @@ void LookupGradCpu::apply(const SparseUpdateArgs& target, const SparseOptimizer&
   a.grads = sums.data();
   a.n = nu;
   with_update(opt, [&](auto update) { sparse_update(&a, 1, pool, update); });
+  trim_scratch(&sums);
 }
 
 bool strictly_increasing(const int64_t* indices, int64_t n) {
