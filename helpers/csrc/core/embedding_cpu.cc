@@ -3,7 +3,7 @@
 // Where the time goes: the forward and the optimizers are gathers/scatters of random table
 // rows, bound by memory latency, so they prefetch a few keys ahead and parallelise over
 // (table, row block). The backward groups each table's keys with an LSD radix sort over only
-// the bits the largest key needs (two 11-bit passes for a 1M-row table), then sums the
+// the bits the largest key needs (two 10-bit passes for a 1M-row table), then sums the
 // output-gradient rows in one pass in position order (sequential reads), so contributions to
 // one key are added in position order: deterministic bits.
 #include <algorithm>
