@@ -13,6 +13,8 @@ HELPERS_SRC := $(shell find helpers/csrc helpers/embedlab -type f \( -name '*.cc
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # CUDA kernels: AUTO (on when nvcc is found), ON or OFF; read by helpers/pyproject.toml.
 export EMBEDLAB_CUDA ?= AUTO
+# CPU kernels: AUTO (AVX2 when this machine has it), AVX2 or BASELINE; read by helpers/pyproject.toml.
+export EMBEDLAB_CPU_ISA ?= AUTO
 
 .PHONY: help setup run test test-py test-nb lab bench clean
 help:

@@ -45,7 +45,8 @@ def build_info() -> dict:
     Returns:
         dict with ``embedlab_version``, ``tensorflow_version`` (the one the op library was
         compiled against), ``tf_ops_built``, ``tf_gpu_kernels``, ``cuda_built``,
-        ``cuda_version``, ``cuda_architectures``, ``compiler``, ``build_type``, and
+        ``cuda_version``, ``cuda_architectures``, ``cpu_isa`` (the CPU kernels' instruction
+        set: ``"avx2"`` or ``"baseline"``), ``compiler``, ``build_type``, and
         ``tensorflow_runtime`` (the TensorFlow imported now, or None).
 
     Example:
@@ -62,6 +63,33 @@ def build_info() -> dict:
     return info
 
 
+def _cpu_flags() -> set | None:
+    """This CPU's feature flags from /proc/cpuinfo (Linux), or None where they cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+def check_cpu(info: dict | None = None, flags: set | None = None) -> None:
+    """Raises NativeLibraryError if the CPU kernels were compiled for an instruction set this CPU
+    lacks (an AVX2 build copied to an older machine would otherwise die of SIGILL)."""
+    info = _info_file() if info is None else info
+    isa = info.get("cpu_isa", "baseline")
+    if isa == "baseline":
+        return
+    flags = _cpu_flags() if flags is None else flags
+    if flags is not None and isa not in flags:
+        raise NativeLibraryError(
+            f"EmbedLab's CPU kernels were compiled for {isa.upper()} (on the machine that built them) but this "
+            f"CPU has no {isa.upper()}; rebuild them here for the baseline instruction set: "
+            f"EMBEDLAB_CPU_ISA=BASELINE pip install --no-build-isolation --force-reinstall ./helpers")
+
+
 def cuda_built() -> bool:
     """True when the CUDA kernels were compiled in (a GPU is not needed to build them)."""
     return build_info()["cuda_built"]
@@ -70,6 +98,7 @@ def cuda_built() -> bool:
 @functools.lru_cache(maxsize=None)
 def core():
     """The framework-free module ``embedlab._embedlab_core`` (see csrc/py/module.cc)."""
+    check_cpu()
     try:
         return importlib.import_module("embedlab._embedlab_core")
     except ImportError as e:
@@ -98,6 +127,7 @@ def tf_ops():
                 f"EmbedLab's GPU kernels were compiled with CUDA {ours} but TensorFlow {running} was built "
                 f"with CUDA {tf_cuda or 'unknown'}; install a CUDA toolkit whose major version matches "
                 f"TensorFlow's (see README, GPU) or build with EMBEDLAB_CUDA=OFF, then {_REBUILD}")
+    check_cpu()
     path = _HERE / "_embedlab_ops.so"
     if not path.exists():
         raise NativeLibraryError(f"{path} is missing; {_REBUILD}")

@@ -37,6 +37,27 @@ def test_build_info_reports_the_build():
     assert info["tf_ops_built"] is True
 
 
+def test_build_info_names_the_cpu_instruction_set():
+    info = _native.build_info()
+    assert info["cpu_isa"] in ("avx2", "baseline")
+    flags = _native._cpu_flags()
+    if flags is not None and info["cpu_isa"] == "avx2":
+        assert "avx2" in flags  # AUTO only picks AVX2 on a machine that has it
+
+
+def test_avx2_build_refuses_a_cpu_without_avx2(monkeypatch):
+    """An AVX2 build on an older CPU must raise with the rebuild command, not die of SIGILL."""
+    with pytest.raises(_native.NativeLibraryError, match=r"compiled for AVX2.*EMBEDLAB_CPU_ISA=BASELINE"):
+        _native.check_cpu({"cpu_isa": "avx2"}, flags={"sse2", "avx"})
+    _native.check_cpu({"cpu_isa": "avx2"}, flags={"sse2", "avx", "avx2"})
+    _native.check_cpu({"cpu_isa": "baseline"}, flags={"sse2"})
+    monkeypatch.setattr(_native, "_cpu_flags", lambda: None)  # no /proc/cpuinfo: nothing to check against
+    _native.check_cpu({"cpu_isa": "avx2"})
+    monkeypatch.setattr(_native, "_cpu_flags", lambda: {"sse2"})
+    with pytest.raises(_native.NativeLibraryError, match="no AVX2"):
+        _native.check_cpu({"cpu_isa": "avx2"})
+
+
 def test_op_library_refuses_another_tensorflow(tmp_path):
     """A library built for another TensorFlow must raise with the fix, not crash later."""
     code = (
