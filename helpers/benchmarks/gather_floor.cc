@@ -1,6 +1,8 @@
 // The memory floor under the CPU lookup benchmark (lookup_cpu.py), without TensorFlow: the
 // production forward kernel (lookup_forward_cpu on the core's own thread pool) against a plain
-// gather of the same random rows (no sums, no checks), on the same tables and batches.
+// gather of the same random rows (no sums, no checks), on the same tables and batches; and the
+// SGD update kernel (sparse_sgd_cpu) against a plain read-modify-write of the same rows (each
+// batch's unique keys in increasing order, as the backward hands them over).
 //
 // Tables: `tables` x `rows` x `dim` float32 in one buffer on (transparent) huge pages, as
 // EmbedLab advises them. Batches: 4,096 output rows per table with 1-3 keys each, uniform over
@@ -36,6 +38,8 @@ constexpr int kPrefetch = 16;
 struct Batch {
   std::vector<std::vector<int64_t>> offsets, keys;  // per table: CSR ids
   std::vector<int64_t> flat;                        // every key, as a row of the whole buffer
+  std::vector<std::vector<int64_t>> unique;         // per table: the unique keys, increasing
+  std::vector<int64_t> flat_unique;                 // the same as rows of the whole buffer
 };
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
@@ -49,6 +53,18 @@ void gather(const float* table, const int64_t* rows, float* out, int64_t b, int6
       for (int64_t l = 0; l < (dim * 4 + 63) / 64; ++l) __builtin_prefetch(p + l * 16, 0, 1);
     }
     std::memcpy(out + j * dim, table + rows[j] * dim, dim * sizeof(float));
+  }
+}
+
+void update(float* table, const int64_t* rows, const float* grads, int64_t b, int64_t e, int64_t dim) {
+  for (int64_t j = b; j < e; ++j) {
+    if (j + kPrefetch < e) {
+      float* p = table + rows[j + kPrefetch] * dim;
+      for (int64_t l = 0; l < (dim * 4 + 63) / 64; ++l) __builtin_prefetch(p + l * 16, 1, 1);
+    }
+    float* w = table + rows[j] * dim;
+    const float* g = grads + j * dim;
+    for (int64_t d = 0; d < dim; ++d) w[d] -= g[d] * 0.01f;
   }
 }
 
@@ -98,6 +114,13 @@ int main(int argc, char** argv) {
       }
     }
     keys_per_batch = static_cast<int64_t>(b.flat.size());
+    b.unique = b.keys;
+    for (int64_t t = 0; t < tables; ++t) {
+      std::vector<int64_t>& u = b.unique[t];
+      std::sort(u.begin(), u.end());
+      u.erase(std::unique(u.begin(), u.end()), u.end());
+      for (int64_t k : u) b.flat_unique.push_back(t * rows + k);
+    }
   }
   std::printf("%lld tables x %lld rows x %lld floats (%.2f GiB), batch %lld, ~%lld keys per batch, %d threads\n",
               static_cast<long long>(tables), static_cast<long long>(rows), static_cast<long long>(dim),
@@ -106,65 +129,102 @@ int main(int argc, char** argv) {
 
   std::vector<float> out(static_cast<size_t>(tables * kBatch * dim));
   std::vector<float> gathered(static_cast<size_t>(keys_per_batch + tables * kBatch * 3) * dim);
+  std::vector<float> grads(gathered.size());
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = static_cast<float>(rng() % 1000) * 1e-6f;
   auto pool = embedlab::make_thread_pool(threads);
-  std::vector<double> kernel_ms, gather_ms;
   int next = 0;
-  for (int block = 0; block < 8; ++block) {
-    for (int i = 0; i <= 10; ++i) {  // the first of each block is untimed
-      const Batch& b = batches[next++ % batches.size()];
-      std::vector<embedlab::LookupArgs> args(tables);
-      for (int64_t t = 0; t < tables; ++t) {
-        embedlab::LookupArgs& a = args[t];
-        a.table = table + t * rows * dim;
-        a.num_rows = rows;
-        a.dim = dim;
-        a.ids.row_offsets = b.offsets[t].data();
-        a.ids.keys = b.keys[t].data();
-        a.ids.batch = kBatch;
-        a.ids.nnz = static_cast<int64_t>(b.keys[t].size());
-        a.out = out.data() + t * kBatch * dim;
+
+  // Times kernel(batch) for 10 batches (after one untimed), then plain(batch, part) on the calling
+  // thread plus threads - 1 spinning helpers for 10 batches, 8 times in turn (helpers stopped
+  // while the kernel runs, so neither steals the other's cores).
+  auto compare = [&](auto kernel, auto plain, std::vector<double>* kernel_ms, std::vector<double>* plain_ms) {
+    for (int block = 0; block < 8; ++block) {
+      for (int i = 0; i <= 10; ++i) {
+        const Batch& b = batches[next++ % batches.size()];
+        const auto t0 = std::chrono::steady_clock::now();
+        kernel(b);
+        if (i > 0) kernel_ms->push_back(ms_since(t0));
       }
-      const auto t0 = std::chrono::steady_clock::now();
-      if (embedlab::lookup_forward_cpu(args.data(), static_cast<int>(tables), *pool) >= 0) return 3;
-      if (i > 0) kernel_ms.push_back(ms_since(t0));
-    }
-    std::atomic<int> generation{0}, done{0};
-    std::atomic<bool> stop{false};
-    std::atomic<const Batch*> current{nullptr};
-    auto part = [&](const Batch* b, int p) {
-      const int64_t n = static_cast<int64_t>(b->flat.size());
-      gather(table, b->flat.data(), gathered.data(), n * p / threads, n * (p + 1) / threads, dim);
-    };
-    std::vector<std::thread> helpers;
-    for (int p = 1; p < threads; ++p) {
-      helpers.emplace_back([&, p] {
-        int seen = 0;
-        for (;;) {
-          while (generation.load() == seen && !stop.load()) {
+      std::atomic<int> generation{0}, done{0};
+      std::atomic<bool> stop{false};
+      std::atomic<const Batch*> current{nullptr};
+      std::vector<std::thread> helpers;
+      for (int p = 1; p < threads; ++p) {
+        helpers.emplace_back([&, p] {
+          int seen = 0;
+          for (;;) {
+            while (generation.load() == seen && !stop.load()) {
+            }
+            if (stop.load()) return;
+            seen = generation.load();
+            plain(current.load(), p);
+            done.fetch_add(1);
           }
-          if (stop.load()) return;
-          seen = generation.load();
-          part(current.load(), p);
-          done.fetch_add(1);
-        }
-      });
-    }
-    for (int i = 0; i <= 10; ++i) {
-      const Batch& b = batches[next++ % batches.size()];
-      const auto t0 = std::chrono::steady_clock::now();
-      current.store(&b);
-      done.store(0);
-      generation.fetch_add(1);
-      part(&b, 0);
-      while (done.load() < threads - 1) {
+        });
       }
-      if (i > 0) gather_ms.push_back(ms_since(t0));
+      for (int i = 0; i <= 10; ++i) {
+        const Batch& b = batches[next++ % batches.size()];
+        const auto t0 = std::chrono::steady_clock::now();
+        current.store(&b);
+        done.store(0);
+        generation.fetch_add(1);
+        plain(&b, 0);
+        while (done.load() < threads - 1) {
+        }
+        if (i > 0) plain_ms->push_back(ms_since(t0));
+      }
+      stop.store(true);
+      for (auto& h : helpers) h.join();
     }
-    stop.store(true);
-    for (auto& h : helpers) h.join();
-  }
+  };
+
+  std::vector<double> kernel_ms, gather_ms, sgd_ms, rmw_ms;
+  compare(
+      [&](const Batch& b) {
+        std::vector<embedlab::LookupArgs> args(tables);
+        for (int64_t t = 0; t < tables; ++t) {
+          embedlab::LookupArgs& a = args[t];
+          a.table = table + t * rows * dim;
+          a.num_rows = rows;
+          a.dim = dim;
+          a.ids.row_offsets = b.offsets[t].data();
+          a.ids.keys = b.keys[t].data();
+          a.ids.batch = kBatch;
+          a.ids.nnz = static_cast<int64_t>(b.keys[t].size());
+          a.out = out.data() + t * kBatch * dim;
+        }
+        if (embedlab::lookup_forward_cpu(args.data(), static_cast<int>(tables), *pool) >= 0) std::abort();
+      },
+      [&](const Batch* b, int p) {
+        const int64_t n = static_cast<int64_t>(b->flat.size());
+        gather(table, b->flat.data(), gathered.data(), n * p / threads, n * (p + 1) / threads, dim);
+      },
+      &kernel_ms, &gather_ms);
+  compare(
+      [&](const Batch& b) {
+        std::vector<embedlab::SparseUpdateArgs> args(tables);
+        int64_t first = 0;
+        for (int64_t t = 0; t < tables; ++t) {
+          embedlab::SparseUpdateArgs& a = args[t];
+          a.table = table + t * rows * dim;
+          a.num_rows = rows;
+          a.dim = dim;
+          a.indices = b.unique[t].data();
+          a.n = static_cast<int64_t>(b.unique[t].size());
+          a.grads = grads.data() + first * dim;
+          first += a.n;
+        }
+        embedlab::sparse_sgd_cpu(args.data(), static_cast<int>(tables), embedlab::SgdParams{0.01f}, *pool);
+      },
+      [&](const Batch* b, int p) {
+        const int64_t n = static_cast<int64_t>(b->flat_unique.size());
+        update(table, b->flat_unique.data(), grads.data(), n * p / threads, n * (p + 1) / threads, dim);
+      },
+      &sgd_ms, &rmw_ms);
   report("lookup_forward_cpu (sum, core thread pool):", kernel_ms);
   report("plain gather of the same rows (the floor):", gather_ms);
+  report("sparse_sgd_cpu (unique keys, core pool):", sgd_ms);
+  report("plain read-modify-write of those rows:", rmw_ms);
   std::free(table);
   return 0;
 }
