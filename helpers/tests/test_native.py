@@ -265,6 +265,31 @@ def test_core_fused_backward_apply_equals_backward_then_update(core, rng, opt, c
         np.testing.assert_array_equal(t1[untouched], table[untouched])
 
 
+def test_core_fused_backward_apply_gives_back_a_huge_scratch(core, rng):
+    """The fused backward sums into a buffer the calling thread keeps for the next call, but
+    only up to 64 MiB: after one huge call the memory goes back (trim_scratch), and a small
+    call afterwards is still exact."""
+    psutil = pytest.importorskip("psutil")
+    rows, dim, nu = 1_000_000, 64, 400_000  # summed rows: 400k x 64 floats = 98 MiB
+    table = np.zeros((rows, dim), np.float32)
+    table.fill(0.0)  # resident before the baseline (np.zeros maps its pages lazily)
+    keys = rng.permutation(rows)[:nu].astype(np.int64)
+    offsets = np.arange(nu + 1, dtype=np.int64)
+    dy = np.ones((nu, dim), np.float32)
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    core.lookup_backward_apply(table, offsets, keys, None, "sum", dy, "sgd", lr=0.5, num_threads=1)
+    grown = proc.memory_info().rss - before
+    assert grown < 48 << 20, f"RSS grew by {grown >> 20} MiB after the call: the scratch was kept"
+    assert (table[keys] == -0.5).all() and np.count_nonzero(table) == nu * dim
+    small = np.zeros((10, 4), np.float32)
+    o, k = np.array([0, 2, 3], np.int64), np.array([7, 7, 2], np.int64)
+    core.lookup_backward_apply(small, o, k, None, "sum", np.ones((2, 4), np.float32), "sgd", lr=1.0, num_threads=1)
+    np.testing.assert_array_equal(small[7], [-2.0] * 4)
+    np.testing.assert_array_equal(small[2], [-1.0] * 4)
+    assert np.count_nonzero(small) == 8
+
+
 def test_core_fused_backward_apply_rejects_bad_input_and_changes_nothing(core, rng):
     table = rng.standard_normal((10, 4)).astype(np.float32)
     before = table.copy()
