@@ -128,9 +128,9 @@ class LookupGradCpu {
   std::vector<int64_t> slot_of_pos_;  // [nnz] index into unique_keys_ of each position's key; -1 if none
   // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
   // table) allocates nothing after the first call, so worker threads take no page faults.
-  // Scratch that only one call reads (the sort's buffers, apply()'s summed rows) belongs to the
-  // calling thread instead (thread_local in embedding_cpu.cc), where it stays in cache from
-  // one table to the next.
+  // Scratch that only one call reads (the sort's buffers, apply()'s summed rows, fill()'s
+  // first-touch flags) belongs to the calling thread instead (thread_local in
+  // embedding_cpu.cc), where it stays in cache from one table to the next.
 };
 
 // Sorts (key, payload-index) pairs by key, stable in index, and reports the runs of equal
