@@ -12,6 +12,15 @@ a step: no dense gradient and no dense state update of the whole table ever happ
   Keras' Adam.
 
 Duplicate indices in a gradient are summed before the update.
+
+Inside a `tf.function` (and so in `model.fit`), `apply_gradients` also fuses the update with
+the backward of the EmbedLab lookup that produced the gradient: where a table's gradient is,
+unchanged, the output of the lookup's backward op, the optimizer builds one op that sums the
+gradient rows and updates the table in place ("optimizer in backward", as
+`fused_embedding_lookup(..., optimizer=...)` does), and TensorFlow prunes the backward op,
+whose outputs nothing reads any more. Same tables, bit for bit; no `IndexedSlices` tensors are
+written. A gradient that was clipped, scaled, summed over several lookups, computed in another
+`tf.function` or eagerly takes the unfused path. `fuse_lookup_backward=False` turns it off.
 """
 from __future__ import annotations
 
@@ -29,6 +38,31 @@ def _is_sparse(grad, var) -> bool:
 
 def _handle(v):
     return v.handle  # tf.Variable and keras.Variable (TensorFlow backend) both expose it
+
+
+_LOOKUP_GRAD_OP = "EmbedLabFusedLookupGrad"
+
+
+def _lookup_grad_source(grad):
+    """(op, t) when `grad` is table t's IndexedSlices exactly as the backward op `op` of an
+    EmbedLab lookup returned it, in the graph now being built; else None."""
+    try:
+        op, indices_op = grad.values.op, grad.indices.op
+    except AttributeError:  # eager tensors have no op
+        return None
+    if op.type != _LOOKUP_GRAD_OP or indices_op is not op or op.graph is not tf.compat.v1.get_default_graph():
+        return None
+    n, nw = op.get_attr("num_tables"), op.get_attr("num_weights")
+    t = grad.values.value_index - n  # outputs: unique_keys (n), then rows (n)
+    if grad.indices.value_index != t or not 0 <= t < n or nw not in (0, n):
+        return None
+    return op, t
+
+
+def _on_cpu(variable):
+    # The fused backward + update op has a CPU kernel only.
+    device = tf.DeviceSpec.from_string(_handle(variable).device or "").device_type
+    return device == "CPU" or (not device and not tf.config.list_logical_devices("GPU"))
 
 
 class _SparseMixin:
@@ -93,6 +127,30 @@ class _SparseMixin:
             tf.constant(getattr(self, "beta_1", 0.0), tf.float64), tf.constant(getattr(self, "beta_2", 0.0), tf.float64),
             step, combiners=list(combiners), optimizer=name)
 
+    def _apply_fused_with_lookup_backward(self, pairs, learning_rate):
+        """Applies the (IndexedSlices grad, variable) pairs that come straight from an EmbedLab
+        lookup's backward op through one fused backward + update op per (backward op, device);
+        returns the pairs it did not take."""
+        groups, rest = {}, []
+        for g, v in pairs:
+            src = _lookup_grad_source(g) if _on_cpu(v) else None
+            if src is None:
+                rest.append((g, v))
+                continue
+            op, t = src
+            groups.setdefault((op.name, _handle(v).device), (op, []))[1].append((t, v))
+        for op, members in groups.values():
+            n, nw = op.get_attr("num_tables"), op.get_attr("num_weights")
+            combiners = op.get_attr("combiners")
+            ts = [t for t, _ in members]
+            with tf.device(_handle(members[0][1]).device or None):
+                self.apply_lookup_gradients(
+                    [op.inputs[t] for t in ts], [op.inputs[n + t] for t in ts], [op.inputs[2 * n + t] for t in ts],
+                    [op.inputs[3 * n + t] for t in ts] if nw else None,
+                    [c.decode() if isinstance(c, bytes) else c for c in (combiners[t] for t in ts)],
+                    [v for _, v in members], learning_rate)
+        return rest
+
     def _slot_index(self, variable):
         try:
             return self._get_variable_index(variable)
@@ -108,6 +166,8 @@ class _SparseMixin:
         variables = [v.value if isinstance(v, keras.Variable) else v for v in trainable_variables]
         sparse = [(g, kv) for g, v, kv in zip(grads, variables, trainable_variables) if _is_sparse(g, v)]
         dense = [(g, kv) for g, v, kv in zip(grads, variables, trainable_variables) if not _is_sparse(g, v)]
+        if sparse and self.fuse_lookup_backward:
+            sparse = self._apply_fused_with_lookup_backward(sparse, learning_rate)
         if sparse:
             self.apply_sparse([g for g, _ in sparse], [kv for _, kv in sparse], learning_rate)
         if dense:
@@ -118,6 +178,11 @@ class _SparseMixin:
             self._sparse_apply([gradient], [variable], learning_rate)
         else:
             super().update_step(gradient, variable, learning_rate)
+
+    def get_config(self):
+        config = super().get_config()
+        config["fuse_lookup_backward"] = self.fuse_lookup_backward
+        return config
 
     @staticmethod
     def _parts(grads):
@@ -133,8 +198,13 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
         >>> opt.apply_gradients([(grad, table)])   # grad: tf.IndexedSlices
     """
 
-    def __init__(self, learning_rate=0.01, name="embedlab_sgd", **kwargs):
+    def __init__(self, learning_rate=0.01, name="embedlab_sgd", fuse_lookup_backward=True, **kwargs):
+        momentum, nesterov = kwargs.pop("momentum", 0.0), kwargs.pop("nesterov", False)  # from get_config()
+        if momentum or nesterov:
+            raise ValueError(f"embedlab.optimizers.SGD has no momentum (got momentum={momentum!r}, "
+                             f"nesterov={nesterov!r}); use Adam or Adagrad")
         super().__init__(learning_rate=learning_rate, momentum=0.0, nesterov=False, name=name, **kwargs)
+        self.fuse_lookup_backward = bool(fuse_lookup_backward)
 
     def _slot_handles(self, variables):
         return "sgd", []
@@ -149,9 +219,10 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
     """Keras Adagrad (`acc += g*g; w -= lr*g/sqrt(acc+eps)`), sparse rows in place."""
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-7,
-                 name="embedlab_adagrad", **kwargs):
+                 name="embedlab_adagrad", fuse_lookup_backward=True, **kwargs):
         super().__init__(learning_rate=learning_rate, initial_accumulator_value=initial_accumulator_value,
                          epsilon=epsilon, name=name, **kwargs)
+        self.fuse_lookup_backward = bool(fuse_lookup_backward)
 
     def _slot_handles(self, variables):
         return "adagrad", [_handle(self._accumulators[self._slot_index(v)]) for v in variables]
@@ -168,9 +239,12 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
     """Lazy Adam for IndexedSlices gradients, Keras Adam for dense ones (no amsgrad)."""
 
     def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7,
-                 name="embedlab_adam", **kwargs):
+                 name="embedlab_adam", fuse_lookup_backward=True, **kwargs):
+        if kwargs.pop("amsgrad", False):  # get_config() carries Keras' False
+            raise ValueError("embedlab.optimizers.Adam has no amsgrad variant (got amsgrad=True)")
         super().__init__(learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
                          amsgrad=False, name=name, **kwargs)
+        self.fuse_lookup_backward = bool(fuse_lookup_backward)
 
     def _slot_handles(self, variables):
         pos = [self._slot_index(v) for v in variables]

@@ -268,3 +268,160 @@ def test_optimizer_in_backward_built_for_other_variables_says_so():
     with pytest.raises(ValueError, match="has no state for variable .* built for other variables"):
         tape.gradient(loss, [table])
     assert np.array_equal(table.numpy(), np.ones([5, 2]))
+
+
+# ---- apply_gradients fused with the lookup's backward (graph mode) ----------------------------
+
+def _op_types(fn):
+    return {op.type for op in fn.get_concrete_function().graph.get_operations()}
+
+
+def _fusion_case(rng, kind, ids_format, modify=None, read_grads=False):
+    """Three tables (mixed dims and combiners, weights, -1 padding, duplicates, an empty row),
+    three steps of tape.gradient + apply_gradients in a tf.function, with fusion on and off.
+    modify(grads) may change gradients before they are applied (the same on both sides).
+    Returns (fused tables, unfused tables, op types of the fused step, of the unfused step)."""
+    shapes = [(int(rng.integers(5, 60)), d) for d in (4, 16, 7)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    comb = ["sum", "mean", "sum"]
+    batches = []
+    for _ in range(3):
+        ids = [ref.random_ids(rng, 6, r) for r, _ in shapes]
+        if ids_format == "sparse":
+            pairs = [i.sparse(tf, True) for i in ids]
+        else:
+            pairs = [i.ragged(tf, True) for i in ids]
+        r = [tf.constant(rng.standard_normal((6, d)).astype(np.float32)) for _, d in shapes]
+        batches.append(([p[0] for p in pairs], [p[1] for p in pairs], r))
+    sides = []
+    for fuse in (True, False):
+        tables = [tf.Variable(x) for x in init]
+        opt = _pairs(kind, 0.1)[0]
+        opt.fuse_lookup_backward = fuse
+
+        def make(b, tables=tables, opt=opt):
+            ids, w, r = batches[b]
+
+            @tf.function
+            def step():
+                with tf.GradientTape() as tape:
+                    outs = ops.fused_embedding_lookup(tables, ids, comb, weights=w)
+                    loss = tf.add_n([tf.reduce_sum(o * x) for o, x in zip(outs, r)])
+                grads = tape.gradient(loss, tables)
+                if modify is not None:
+                    grads = modify(grads)
+                opt.apply_gradients(zip(grads, tables))
+                return [g.values for g in grads] if read_grads else tf.constant(0)
+            return step
+
+        fns = [make(b) for b in range(len(batches))]
+        for fn in fns:
+            fn()
+        sides.append((tables, _op_types(fns[0]), opt))
+    (ta, types_a, oa), (tb, types_b, ob) = sides
+    assert int(oa.iterations.numpy()) == int(ob.iterations.numpy()) == 3
+    return ta, tb, types_a, types_b
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("ids_format", ["ragged", "sparse"])
+def test_apply_gradients_fuses_with_the_lookup_backward(rng, kind, ids_format):
+    fused, plain, types_fused, types_plain = _fusion_case(rng, kind, ids_format)
+    for a, b in zip(fused, plain):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    assert "EmbedLabFusedLookupGradApply" in types_fused
+    assert not any(t.startswith("EmbedLabSparseApply") for t in types_fused)
+    assert "EmbedLabFusedLookupGradApply" not in types_plain
+    assert any(t.startswith("EmbedLabSparseApply") for t in types_plain)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam"])
+def test_apply_gradients_does_not_fuse_a_changed_gradient(rng, kind):
+    # Table 1's gradient is scaled (a new IndexedSlices): it must take the unfused path, while
+    # tables 0 and 2 still fuse; the tables end up as with fusion off.
+    def scale_one(grads):
+        g = grads[1]
+        return [grads[0], tf.IndexedSlices(g.values * 2.0, g.indices, g.dense_shape), grads[2]]
+
+    fused, plain, types_fused, _ = _fusion_case(rng, kind, "ragged", modify=scale_one)
+    for a, b in zip(fused, plain):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    assert "EmbedLabFusedLookupGradApply" in types_fused
+    assert any(t.startswith("EmbedLabSparseApply") for t in types_fused)
+
+
+def test_apply_gradients_fused_while_the_gradient_is_also_read(rng):
+    # The step also returns the gradient rows: the backward op then runs too, and the tables
+    # must still be updated exactly once.
+    fused, plain, types_fused, _ = _fusion_case(rng, "adagrad", "sparse", read_grads=True)
+    for a, b in zip(fused, plain):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    assert "EmbedLabFusedLookupGradApply" in types_fused
+
+
+def test_clipped_gradients_are_not_fused(rng):
+    table = tf.Variable(rng.standard_normal((20, 4)).astype(np.float32))
+    ids = tf.constant([[1, 2], [3, -1]], tf.int64)
+    opt = eopt.SGD(0.1, clipnorm=0.5)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ops.embedding_lookup(table, ids) * 3.0)
+        opt.apply_gradients([(tape.gradient(loss, table), table)])
+
+    step()
+    types = _op_types(step)
+    assert "EmbedLabFusedLookupGradApply" not in types and "EmbedLabSparseApplySGD" in types
+
+
+@pytest.mark.parametrize("cls", [eopt.SGD, eopt.Adagrad, eopt.Adam])
+def test_optimizer_config_round_trip(cls):
+    opt = cls(0.25, fuse_lookup_backward=False)
+    again = cls.from_config(opt.get_config())
+    assert again.fuse_lookup_backward is False
+    assert float(again.learning_rate.numpy()) == pytest.approx(0.25)
+
+
+def test_optimizer_rejects_options_it_does_not_have():
+    with pytest.raises(ValueError, match="no momentum.*momentum=0.9"):
+        eopt.SGD(0.1, momentum=0.9)
+    with pytest.raises(ValueError, match="no amsgrad"):
+        eopt.Adam(0.1, amsgrad=True)
+
+
+def test_fit_fuses_the_lookup_backward_and_matches_unfused(rng):
+    # model.fit traces apply_gradients in its train function: the table's update is built
+    # fused (apply_lookup_gradients is called while tracing), the Dense layer's stays Keras',
+    # and the weights come out bit for bit as with fusion off.
+    rows, dim, n = 40, 6, 256
+    keys = rng.integers(-1, rows, (n, 3)).astype(np.int64)
+    y = ((keys[:, 0] % 3) == 0).astype(np.float32)
+    init_table = rng.standard_normal((rows, dim)).astype(np.float32)
+    init_dense = [rng.standard_normal((dim, 1)).astype(np.float32), np.zeros(1, np.float32)]
+
+    class Emb(keras.layers.Layer):
+        def build(self, _):
+            self.table = self.add_weight(shape=(rows, dim), initializer="zeros")
+
+        def call(self, ids):
+            return ops.embedding_lookup(self.table, ids, "mean")
+
+    results = []
+    for fuse in (True, False):
+        inp = keras.Input((3,), dtype="int64")
+        emb, dense = Emb(), keras.layers.Dense(1, activation="sigmoid")
+        model = keras.Model(inp, dense(emb(inp)))
+        emb.table.assign(init_table)
+        dense.set_weights(init_dense)
+        opt = eopt.Adagrad(0.05, fuse_lookup_backward=fuse)
+        fused_calls = []
+        original = opt.apply_lookup_gradients
+        opt.apply_lookup_gradients = lambda *a, **k: (fused_calls.append(1), original(*a, **k))[1]
+        model.compile(opt, "binary_crossentropy", jit_compile=False)
+        model.fit(keys, y, batch_size=64, epochs=2, verbose=0, shuffle=False)
+        results.append((emb.table.numpy(), dense.get_weights(), len(fused_calls)))
+    (ta, da, calls_a), (tb, db, calls_b) = results
+    assert calls_a > 0 and calls_b == 0
+    assert ta.tobytes() == tb.tobytes()
+    assert all(x.tobytes() == z.tobytes() for x, z in zip(da, db))
