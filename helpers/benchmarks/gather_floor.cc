@@ -10,9 +10,13 @@
 // The gather runs on the calling thread plus spinning helpers (no wake-up cost), prefetching
 // 16 keys ahead with the kernels' hint (into L2). The two are timed in alternating blocks of 10
 // batches (helpers stopped while the kernel runs, so neither steals the other's cores); the
-// median and minimum are printed. Built against the core library that `make setup` compiled:
+// median and minimum are printed. Last, a bound under every gather: the whole table buffer read
+// sequentially by all threads (the machine's streaming read bandwidth), and the time one batch's
+// rows would take at the best rate seen, were random rows as cheap as a stream (they are not).
+// Built against the core library that `make setup` compiled (-march=native lets the plain loops
+// use the widest loads the machine has):
 //
-//   g++ -O3 -DNDEBUG -pthread -I helpers/csrc/core -o /tmp/gather_floor (continued:)
+//   g++ -O3 -march=native -DNDEBUG -pthread -I helpers/csrc/core -o /tmp/gather_floor (continued:)
 //       helpers/benchmarks/gather_floor.cc helpers/build/*/libembedlab_core.a
 //   /tmp/gather_floor [rows=1000000] [tables=26] [dim=16] [threads=2]
 #include <sys/mman.h>
@@ -66,6 +70,19 @@ void update(float* table, const int64_t* rows, const float* grads, int64_t b, in
     const float* g = grads + j * dim;
     for (int64_t d = 0; d < dim; ++d) w[d] -= g[d] * 0.01f;
   }
+}
+
+// Sums [p, p + n) as 64-bit integers (vectorised; integer sums need no reassociation licence), so
+// the loop does nothing but stream the bytes in.
+uint64_t stream_read(const uint64_t* p, size_t n) {
+  uint64_t acc[8] = {};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += p[i + k];
+  for (; i < n; ++i) acc[0] += p[i];
+  uint64_t s = 0;
+  for (uint64_t a : acc) s += a;
+  return s;
 }
 
 void report(const char* what, std::vector<double> ms) {
@@ -225,6 +242,30 @@ int main(int argc, char** argv) {
   report("plain gather of the same rows (the floor):", gather_ms);
   report("sparse_sgd_cpu (unique keys, core pool):", sgd_ms);
   report("plain read-modify-write of those rows:", rmw_ms);
+
+  // Streaming read of the whole buffer, split over `threads` threads, 8 times: median GB/s.
+  std::vector<double> stream_ms;
+  std::vector<uint64_t> sums(threads);
+  const size_t words = bytes / sizeof(uint64_t);
+  for (int rep = 0; rep < 8; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::thread> readers;
+    auto part = [&](int p) {
+      const size_t b = words * p / threads, e = words * (p + 1) / threads;
+      sums[p] = stream_read(reinterpret_cast<const uint64_t*>(table) + b, e - b);
+    };
+    for (int p = 1; p < threads; ++p) readers.emplace_back(part, p);
+    part(0);
+    for (auto& r : readers) r.join();
+    stream_ms.push_back(ms_since(t0));
+  }
+  std::sort(stream_ms.begin(), stream_ms.end());
+  const double median_gbps = bytes / stream_ms[stream_ms.size() / 2] / 1e6, best_gbps = bytes / stream_ms[0] / 1e6;
+  const double row_mb = keys_per_batch * dim * sizeof(float) / 1e6;
+  std::printf("streaming read of the whole buffer (checksum %llu): median %.1f GB/s, best %.1f GB/s\n",
+              static_cast<unsigned long long>(sums[0] % 10), median_gbps, best_gbps);
+  std::printf("one batch's rows (%.1f MB) read at the best rate:  %.2f ms (a bound under any forward)\n", row_mb,
+              row_mb / best_gbps);
   std::free(table);
   return 0;
 }

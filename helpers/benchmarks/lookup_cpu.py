@@ -22,12 +22,21 @@ Measured, per dim, in the same run:
   in the per-call cases), so no step finds its rows in cache from the step before.
 * call overhead: a tf.function with a no-op body called with the same 26 SparseTensors. Every
   per-call case pays it on both sides, so a per-call ratio cannot exceed native time / overhead.
+* streaming read: a 1 GiB buffer read whole, in order (`tf.reduce_max`, in graph), the
+  machine's streaming read rate in this run. (Not the tables themselves: once a sparse op has
+  touched a variable, TensorFlow copies it whole on every plain read.) A forward must read each
+  key's row; at that rate (the best seen; random rows are slower) those bytes alone take
+  `fwd_floor_stream_ms`, so no forward kernel can beat TensorFlow's by more than
+  `graph_fwd_ratio_stream_ceiling` = TensorFlow's in-graph forward / that floor.
 * optimizer in backward: EmbedLab's step with `fused_embedding_lookup(..., optimizer=SGD)`,
   where one op sums the gradient rows and updates the tables (no IndexedSlices tensors).
 * train step: forward, backward (`GradientTape`) and an SGD update with
-  `embedlab.optimizers.SGD` (fused sparse kernel) vs the native step
+  `embedlab.optimizers.SGD` vs the native step
   (safe_embedding_lookup_sparse + tape + `keras.optimizers.SGD`). Both use the loss
-  sum_t sum(out_t * r_t) with fixed random r_t. Forward+backward without the update is timed
+  sum_t sum(out_t * r_t) with fixed random r_t. Traced in a tf.function, `apply_gradients` fuses
+  the update with the lookup's backward (one op, like "optimizer in backward"); the in-graph
+  step is also timed with `fuse_lookup_backward=False` (the backward's IndexedSlices, then the
+  sparse SGD op). Forward+backward without the update is timed
   too, and so are the pieces of EmbedLab's step on their own (the standalone COO->CSR op
   `ops.to_csr`, which lookups on CPU variables no longer need; the forward, backward and SGD
   apply kernels), to show where the time goes.
@@ -51,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+_STREAM_FLOATS = 2**28  # 1 GiB of float32 for the streaming-read rate
 
 
 def _parse():
@@ -159,6 +169,8 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         batches.append((sp_ids, rg_ids))
     sp_ids, rg_ids = batches[0]
     r = [tf.constant(rng.standard_normal((B, dim)).astype(np.float32)) for _ in range(T)]
+    # For the streaming-read rate: a variable no sparse op ever touches (see stream_read).
+    stream_buf = tf.Variable(tf.fill([_STREAM_FLOATS], 1.0), name="stream_buf")
 
     @tf.function(reduce_retracing=True)
     def fwd_native(ids):
@@ -208,6 +220,17 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
 
     f_sgd = eopt.SGD(learning_rate=0.01)
     f_sgd.build(tables)
+    u_sgd = eopt.SGD(learning_rate=0.01, fuse_lookup_backward=False)
+    u_sgd.build(tables)
+
+    @tf.function(reduce_retracing=True)
+    def step_embedlab_unfused(ids):
+        # The same code as step_embedlab with the fusion turned off: the backward writes
+        # IndexedSlices tensors and a second op applies them.
+        with tf.GradientTape() as tape:
+            loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
+        u_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
 
     @tf.function(reduce_retracing=True)
     def step_embedlab_fused(ids):
@@ -222,6 +245,12 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         # Nothing but the call: what TensorFlow charges a Python loop for passing the 26
         # SparseTensors into a tf.function, paid alike by both sides of every per-call case.
         return tf.constant(0.0)
+
+    @tf.function
+    def stream_read(_):
+        # The buffer read once, front to back, and nothing else worth timing: the rate at which
+        # this machine, in this run, streams memory in with TensorFlow's threads.
+        return tf.reduce_max(stream_buf)
 
     def in_graph(step, kind="sp"):
         """K steps in one tf.function call, step b on batch b (ids captured, not passed; "sp":
@@ -290,12 +319,14 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         "step_native_ms": cyc(step_native, "sp"), "step_embedlab_coo_ms": cyc(step_embedlab, "sp"),
         "step_embedlab_csr_ms": cyc(step_embedlab, "rg"), "step_embedlab_fused_ms": cyc(step_embedlab_fused, "sp"),
         "call_overhead_ms": cyc(call_overhead, "sp"),
+        "stream_read_ms": (stream_read, 0),
         # In graph: K steps per call (see in_graph); reported per step below.
         "graph_fwd_native_ms": (in_graph(fwd_native.python_function), 0),
         "graph_fwd_embedlab_ms": (in_graph(fwd_embedlab.python_function), 0),
         "graph_fwd_embedlab_csr_ms": (in_graph(fwd_embedlab.python_function, "rg"), 0),
         "graph_step_native_ms": (in_graph(step_native.python_function), 0),
         "graph_step_embedlab_ms": (in_graph(step_embedlab.python_function), 0),
+        "graph_step_embedlab_unfused_ms": (in_graph(step_embedlab_unfused.python_function), 0),
         "graph_step_embedlab_fused_ms": (in_graph(step_embedlab_fused.python_function), 0),
         "graph_step_embedlab_fused_csr_ms": (in_graph(step_embedlab_fused.python_function, "rg"), 0),
         **pieces}, w, r_)
@@ -314,6 +345,7 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     res["step_ratio_fused"] = res["step_native_ms"] / res["step_embedlab_fused_ms"]
     res["graph_fwd_ratio"] = res["graph_fwd_native_ms"] / res["graph_fwd_embedlab_ms"]
     res["graph_step_ratio"] = res["graph_step_native_ms"] / res["graph_step_embedlab_ms"]
+    res["graph_step_ratio_unfused"] = res["graph_step_native_ms"] / res["graph_step_embedlab_unfused_ms"]
     res["graph_step_ratio_fused"] = res["graph_step_native_ms"] / res["graph_step_embedlab_fused_ms"]
     res["graph_fwd_ratio_csr"] = res["graph_fwd_native_ms"] / res["graph_fwd_embedlab_csr_ms"]
     res["graph_step_ratio_fused_csr"] = res["graph_step_native_ms"] / res["graph_step_embedlab_fused_csr_ms"]
@@ -321,9 +353,15 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     # time: the ceiling the per-call cases are measured against.
     res["fwd_ratio_per_call_ceiling"] = res["fwd_native_ms"] / res["call_overhead_ms"]
     res["step_ratio_per_call_ceiling"] = res["step_native_ms"] / res["call_overhead_ms"]
+    # The streaming-read bound on the forward: the batch's rows read at the best streaming rate
+    # seen in this run (a generous floor: random rows are slower), against TensorFlow's forward.
+    res["stream_read_gbps"] = _STREAM_FLOATS * 4 / res["stream_read_ms"] / 1e6
+    res["stream_read_best_gbps"] = _STREAM_FLOATS * 4 / res["min"]["stream_read_ms"] / 1e6
+    res["fwd_floor_stream_ms"] = nkeys * dim * 4 / res["stream_read_best_gbps"] / 1e6
+    res["graph_fwd_ratio_stream_ceiling"] = res["graph_fwd_native_ms"] / res["fwd_floor_stream_ms"]
     res["fwd_embedlab_mkeys_s"] = nkeys / res["fwd_embedlab_coo_ms"] / 1e3
     res["fwd_native_mkeys_s"] = nkeys / res["fwd_native_ms"] / 1e3
-    del tables
+    del tables, stream_buf
     return res
 
 
@@ -344,7 +382,7 @@ def main():
     import gc
     results = []
     for d in a.dims:
-        need = a.tables * a.rows * d * 4 * 1.25          # tables + temporaries while creating them
+        need = a.tables * a.rows * d * 4 * 1.25 + _STREAM_FLOATS * 4  # tables + temporaries, the read buffer
         avail = _available_bytes()
         if avail is not None and need > avail:
             print(f"[dim {d}] skipped: needs ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available "
@@ -380,12 +418,14 @@ def main():
               f"  (load avg {r['load_average_before']:.1f} -> {r['load_average_after']:.1f})")
     print()
     print(f"In graph, {a.steps_per_call} steps per tf.function call (ms per step): forward TF | forward EmbedLab "
-          "COO / CSR | ratios || step TF | step EmbedLab | ratio | optimizer in backward COO / CSR | ratios; "
+          "COO / CSR | ratios || step TF | step EmbedLab (apply_gradients) | ratio | the same unfused | ratio | "
+          "optimizer in backward COO / CSR | ratios; "
           "per call: step with optimizer in backward | ratio")
     for r in results:
         print(f"{r['dim']:>4} | {r['graph_fwd_native_ms']:7.2f} | {r['graph_fwd_embedlab_ms']:7.2f} / "
               f"{r['graph_fwd_embedlab_csr_ms']:7.2f} | {r['graph_fwd_ratio']:5.2f}x / {r['graph_fwd_ratio_csr']:5.2f}x || "
               f"{r['graph_step_native_ms']:7.2f} | {r['graph_step_embedlab_ms']:7.2f} | {r['graph_step_ratio']:5.2f}x | "
+              f"{r['graph_step_embedlab_unfused_ms']:7.2f} | {r['graph_step_ratio_unfused']:5.2f}x | "
               f"{r['graph_step_embedlab_fused_ms']:7.2f} / {r['graph_step_embedlab_fused_csr_ms']:7.2f} | "
               f"{r['graph_step_ratio_fused']:5.2f}x / {r['graph_step_ratio_fused_csr']:5.2f}x; "
               f"{r['step_embedlab_fused_ms']:7.2f} | {r['step_ratio_fused']:5.2f}x")
@@ -395,6 +435,12 @@ def main():
     for r in results:
         print(f"{r['dim']:>4} | {r['call_overhead_ms']:5.2f} | {r['fwd_ratio_per_call_ceiling']:5.2f}x | "
               f"{r['step_ratio_per_call_ceiling']:5.2f}x")
+    print()
+    print("Streaming read of a 1 GiB buffer (GB/s, median / best), the batch's rows at the best rate (ms: a "
+          "floor under any forward) and the highest in-graph forward ratio that floor allows:")
+    for r in results:
+        print(f"{r['dim']:>4} | {r['stream_read_gbps']:5.1f} / {r['stream_read_best_gbps']:5.1f} | "
+              f"{r['fwd_floor_stream_ms']:6.2f} | {r['graph_fwd_ratio_stream_ceiling']:5.2f}x")
     print()
     print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
           "backward kernel | SGD apply kernel | sum | full CSR step")
