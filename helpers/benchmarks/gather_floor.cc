@@ -8,17 +8,18 @@
 // EmbedLab advises them. Batches: 4,096 output rows per table with 1-3 keys each, uniform over
 // the table, eight batches used in turn (no batch finds its rows in cache from the one before).
 // The gather runs on the calling thread plus spinning helpers (no wake-up cost), prefetching
-// 16 keys ahead with the kernels' hint (into L2). The two are timed in alternating blocks of 10
-// batches (helpers stopped while the kernel runs, so neither steals the other's cores); the
-// median and minimum are printed. Last, a bound under every gather: the whole table buffer read
-// sequentially by all threads (the machine's streaming read bandwidth), and the time one batch's
-// rows would take at the best rate seen, were random rows as cheap as a stream (they are not).
+// 16 keys ahead (or the 5th argument) with the kernels' hint (into L2). The two are timed in
+// alternating blocks of 10 batches (helpers stopped while the kernel runs, so neither steals
+// the other's cores); the median and minimum are printed. Last, a bound under every gather: the
+// whole table buffer read sequentially by all threads (the machine's streaming read bandwidth),
+// and the time one batch's rows would take at the best rate seen, were random rows as cheap as a
+// stream (they are not).
 // Built against the core library that `make setup` compiled (-march=native lets the plain loops
 // use the widest loads the machine has):
 //
 //   g++ -O3 -march=native -DNDEBUG -pthread -I helpers/csrc/core -o /tmp/gather_floor (continued:)
 //       helpers/benchmarks/gather_floor.cc helpers/build/*/libembedlab_core.a
-//   /tmp/gather_floor [rows=1000000] [tables=26] [dim=16] [threads=2]
+//   /tmp/gather_floor [rows=1000000] [tables=26] [dim=16] [threads=2] [prefetch=16]
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -37,7 +38,7 @@
 namespace {
 
 constexpr int64_t kBatch = 4096;
-constexpr int kPrefetch = 16;
+int g_prefetch = 16;  // keys ahead that the plain loops prefetch (5th argument)
 
 struct Batch {
   std::vector<std::vector<int64_t>> offsets, keys;  // per table: CSR ids
@@ -52,8 +53,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 void gather(const float* table, const int64_t* rows, float* out, int64_t b, int64_t e, int64_t dim) {
   for (int64_t j = b; j < e; ++j) {
-    if (j + kPrefetch < e) {
-      const float* p = table + rows[j + kPrefetch] * dim;
+    if (j + g_prefetch < e) {
+      const float* p = table + rows[j + g_prefetch] * dim;
       for (int64_t l = 0; l < (dim * 4 + 63) / 64; ++l) __builtin_prefetch(p + l * 16, 0, 1);
     }
     std::memcpy(out + j * dim, table + rows[j] * dim, dim * sizeof(float));
@@ -62,8 +63,8 @@ void gather(const float* table, const int64_t* rows, float* out, int64_t b, int6
 
 void update(float* table, const int64_t* rows, const float* grads, int64_t b, int64_t e, int64_t dim) {
   for (int64_t j = b; j < e; ++j) {
-    if (j + kPrefetch < e) {
-      float* p = table + rows[j + kPrefetch] * dim;
+    if (j + g_prefetch < e) {
+      float* p = table + rows[j + g_prefetch] * dim;
       for (int64_t l = 0; l < (dim * 4 + 63) / 64; ++l) __builtin_prefetch(p + l * 16, 1, 1);
     }
     float* w = table + rows[j] * dim;
@@ -97,8 +98,9 @@ int main(int argc, char** argv) {
   const int64_t tables = argc > 2 ? std::atoll(argv[2]) : 26;
   const int64_t dim = argc > 3 ? std::atoll(argv[3]) : 16;
   const int threads = argc > 4 ? std::atoi(argv[4]) : 2;
-  if (rows < 1 || tables < 1 || dim < 1 || threads < 1) {
-    std::fprintf(stderr, "usage: %s [rows] [tables] [dim] [threads], all >= 1\n", argv[0]);
+  if (argc > 5) g_prefetch = std::atoi(argv[5]);
+  if (rows < 1 || tables < 1 || dim < 1 || threads < 1 || g_prefetch < 1) {
+    std::fprintf(stderr, "usage: %s [rows] [tables] [dim] [threads] [prefetch keys], all >= 1\n", argv[0]);
     return 2;
   }
   const size_t huge = size_t{2} << 20;
