@@ -211,26 +211,23 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         k_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
         return loss
 
-    @tf.function(reduce_retracing=True)
-    def step_embedlab(ids):
-        with tf.GradientTape() as tape:
-            loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
-        e_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
-        return loss
+    def step_with(opt):
+        @tf.function(reduce_retracing=True)
+        def step(ids):
+            with tf.GradientTape() as tape:
+                loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
+            opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+            return loss
+        return step
 
     f_sgd = eopt.SGD(learning_rate=0.01)
     f_sgd.build(tables)
     u_sgd = eopt.SGD(learning_rate=0.01, fuse_lookup_backward=False)
     u_sgd.build(tables)
-
-    @tf.function(reduce_retracing=True)
-    def step_embedlab_unfused(ids):
-        # The same code as step_embedlab with the fusion turned off: the backward writes
-        # IndexedSlices tensors and a second op applies them.
-        with tf.GradientTape() as tape:
-            loss = _loss(ops.fused_embedding_lookup(tables, ids, "sum"))
-        u_sgd.apply_gradients(zip(tape.gradient(loss, tables), tables))
-        return loss
+    step_embedlab = step_with(e_sgd)  # apply_gradients fuses the update into the backward
+    # The same code with the fusion turned off: the backward writes IndexedSlices tensors and a
+    # second op applies them.
+    step_embedlab_unfused = step_with(u_sgd)
 
     @tf.function(reduce_retracing=True)
     def step_embedlab_fused(ids):
