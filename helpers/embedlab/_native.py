@@ -63,7 +63,8 @@ def build_info() -> dict:
     return info
 
 
-def _cpu_flags() -> set | None:
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset | None:
     """This CPU's feature flags from /proc/cpuinfo (Linux), or None where they cannot be read."""
     try:
         text = Path("/proc/cpuinfo").read_text()
@@ -71,7 +72,7 @@ def _cpu_flags() -> set | None:
         return None
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
+            return frozenset(line.split(":", 1)[1].split())
     return None
 
 

@@ -59,12 +59,6 @@ def _lookup_grad_source(grad):
     return op, t
 
 
-def _on_cpu(variable):
-    # The fused backward + update op has a CPU kernel only.
-    device = tf.DeviceSpec.from_string(_handle(variable).device or "").device_type
-    return device == "CPU" or (not device and not tf.config.list_logical_devices("GPU"))
-
-
 class _SparseMixin:
     """Routes IndexedSlices gradients to fused EmbedLab ops, dense ones to Keras."""
 
@@ -131,9 +125,12 @@ class _SparseMixin:
         """Applies the (IndexedSlices grad, variable) pairs that come straight from an EmbedLab
         lookup's backward op through one fused backward + update op per (backward op, device);
         returns the pairs it did not take."""
+        from .ops import _on_cpu  # here, not at import: ops loads the op library when imported
+
         groups, rest = {}, []
         for g, v in pairs:
-            src = _lookup_grad_source(g) if _on_cpu(v) else None
+            # The fused backward + update op has a CPU kernel only.
+            src = _lookup_grad_source(g) if _on_cpu([v]) else None
             if src is None:
                 rest.append((g, v))
                 continue
