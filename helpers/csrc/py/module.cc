@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "embedding.h"
+#include "registry.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
@@ -306,6 +307,8 @@ NB_MODULE(_embedlab_core, m) {
         return std::make_tuple(off, perm);
       },
       nb::arg("row_index"), nb::arg("batch"));
+  // The other capabilities' bindings (csrc/py/*_bindings.cc), registered by static initializers.
+  for (auto fn : embedlab_py::registry()) fn(m);
 #ifdef EMBEDLAB_WITH_CUDA
   m.attr("cuda_built") = true;
   register_cuda(m);
