@@ -274,3 +274,167 @@ def test_concurrent_finds_and_inserts_from_python_threads(core, rng):
         want = np.array([final.get(k, -1) for k in b.tolist()], dtype=np.int64)
         ok = (v == want) | (v == -1)
         assert ok.all()
+
+
+# ---- the TensorFlow resource -------------------------------------------------------------------
+
+tf = pytest.importorskip("tensorflow", reason="the TensorFlow side needs tensorflow")
+from embedlab.hash_table import HashTable as TfHashTable  # noqa: E402
+
+
+def tf_export_dict(table):
+    keys, values = table.export()
+    keys, values = keys.numpy(), values.numpy()
+    order = np.lexsort((keys, values))
+    np.testing.assert_array_equal(order, np.arange(len(keys)))  # ascending value, then key
+    return dict(zip(keys.tolist(), values.tolist()))
+
+
+def test_tf_eager_matches_oracle_any_shape(rng):
+    t = TfHashTable(initial_capacity=8, name="eager")
+    oracle = {}
+    for _ in range(12):
+        shape = [(int(rng.integers(0, 3000)),), (int(rng.integers(0, 60)), 7), (3, int(rng.integers(0, 9)), 5)][
+            int(rng.integers(0, 3))]
+        keys = random_keys(rng, int(np.prod(shape)), pool=20000).reshape(shape)
+        want = oracle_find_or_insert(oracle, keys.reshape(-1)).reshape(shape)
+        got = t.find_or_insert(tf.constant(keys))
+        assert got.dtype == tf.int64 and tuple(got.shape) == shape
+        np.testing.assert_array_equal(got.numpy(), want)
+        probe = random_keys(rng, 500, pool=40000).reshape(20, 25)
+        np.testing.assert_array_equal(t.find(probe).numpy(), oracle_find(oracle, probe.reshape(-1)).reshape(20, 25))
+    assert int(t.size()) == len(oracle) > 8 * 100
+    assert tf_export_dict(t) == oracle
+    # int32 keys are widened; other dtypes are refused before any op runs.
+    np.testing.assert_array_equal(t.find(tf.constant([0, 1], tf.int32)).numpy(), oracle_find(oracle, np.array([0, 1])))
+    with pytest.raises(TypeError, match=r"HashTable\(eager\).find_or_insert: keys must be int64"):
+        t.find_or_insert(tf.constant([1.0]))
+    with pytest.raises(TypeError, match="must be a dense int64 tensor"):
+        t.find(tf.ragged.constant([[1], []], dtype=tf.int64))
+    assert tf_export_dict(t) == oracle
+
+
+def test_tf_function_varying_batch_sizes_one_trace(rng):
+    t = TfHashTable(initial_capacity=16, name="fn")
+    traces = []
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def step(keys):
+        traces.append(1)
+        values = t.find_or_insert(keys)
+        return values, t.find(keys), t.size()
+
+    oracle = {}
+    for n in [0, 1, 17, 5000, 20000, 3, 40000]:  # >= 16384 takes the parallel path
+        keys = random_keys(rng, n, pool=30000)
+        want = oracle_find_or_insert(oracle, keys)
+        values, found, size = step(tf.constant(keys))
+        np.testing.assert_array_equal(values.numpy(), want)
+        np.testing.assert_array_equal(found.numpy(), want)
+        assert int(size) == len(oracle)
+    assert len(traces) == 1
+
+    @tf.function
+    def update(keys, values, gone):
+        t.insert(keys, values)
+        return t.erase(gone)
+
+    keys = random_keys(rng, 2000, pool=30000)
+    values = rng.integers(0, 1 << 40, size=2000, dtype=np.int64)
+    gone = random_keys(rng, 3000, pool=30000)
+    for k, v in zip(keys.tolist(), values.tolist()):
+        oracle[k] = v
+    removed = sum(oracle.pop(k, None) is not None for k in gone.tolist())
+    assert int(update(tf.constant(keys), tf.constant(values), tf.constant(gone))) == removed
+    assert tf_export_dict(t) == oracle
+
+
+def test_tf_overflow_names_key_table_and_max_size_and_changes_nothing(rng):
+    t = TfHashTable(initial_capacity=4, name="capped")
+    base = np.array([5, I64_MIN, -7, 0], dtype=np.int64)
+    np.testing.assert_array_equal(t.find_or_insert(base, max_size=4).numpy(), [0, 1, 2, 3])
+    before = tf_export_dict(t)
+    batch = np.array([[0, 5], [I64_MAX, 11], [I64_MAX, -7]], dtype=np.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        t.find_or_insert(batch, max_size=5)
+    msg = e.value.message
+    assert "EmbedLabHashTableFindOrInsert: key 11 in keys (flat index 3)" in msg, msg
+    assert f"hash table '{t.shared_name}'" in msg and "max_size is 5" in msg and "nothing was inserted" in msg
+
+    @tf.function
+    def capped(keys, m):
+        return t.find_or_insert(keys, max_size=m)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="key 9223372036854775807 in keys"):
+        capped(tf.constant(batch), tf.constant(4, tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_size must be >= 0"):
+        capped(tf.constant(batch), tf.constant(-1, tf.int64))
+    assert tf_export_dict(t) == before
+    np.testing.assert_array_equal(capped(tf.constant(batch), tf.constant(6, tf.int64)).numpy(),
+                                  [[3, 0], [4, 5], [4, 2]])
+
+
+def test_tf_tables_are_independent_checkpointed_and_cleared(rng, tmp_path):
+    a, b = TfHashTable(name="same"), TfHashTable(name="same")
+    assert a.shared_name != b.shared_name
+    keys = random_keys(rng, 3000, pool=5000)
+    oracle = {}
+    oracle_find_or_insert(oracle, keys)
+    a.find_or_insert(keys)
+    assert int(b.size()) == 0
+    path = tf.train.Checkpoint(table=a).write(str(tmp_path / "ckpt"))
+    b.find_or_insert(np.array([123456789], np.int64))  # replaced by the restore
+    tf.train.Checkpoint(table=b).read(path).assert_consumed()
+    assert tf_export_dict(b) == oracle
+    a.clear()
+    assert int(a.size()) == 0 and tf_export_dict(a) == {}
+    np.testing.assert_array_equal(a.find(keys).numpy(), -1)
+    with pytest.raises(ValueError, match="keys has shape .* but values has shape"):
+        a.insert(tf.constant([1, 2], tf.int64), tf.constant([1], tf.int64))
+    with pytest.raises(ValueError, match="initial_capacity must be an int >= 1"):
+        TfHashTable(initial_capacity=0)
+
+
+def test_tf_saved_model_keeps_working(rng, tmp_path):
+    class M(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = TfHashTable(name="saved")
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+        def __call__(self, keys):
+            return self.table.find_or_insert(keys)
+
+    m = M()
+    keys = random_keys(rng, 1000, pool=2000)
+    oracle = {}
+    np.testing.assert_array_equal(m(tf.constant(keys)).numpy(), oracle_find_or_insert(oracle, keys))
+    tf.saved_model.save(m, str(tmp_path / "sm"))
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    more = random_keys(rng, 1000, pool=4000)
+    np.testing.assert_array_equal(loaded(tf.constant(more)).numpy(), oracle_find_or_insert(oracle, more))
+
+
+def test_tf_concurrent_ops_from_python_threads(rng):
+    t = TfHashTable(initial_capacity=32, name="threads")
+    batches = [random_keys(rng, 20000, pool=50000) for _ in range(8)]
+    results, errors = [None] * len(batches), []
+
+    def work(i):
+        try:
+            results[i] = t.find_or_insert(tf.constant(batches[i])).numpy()
+            t.find(tf.constant(batches[(i + 1) % len(batches)]))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    final = tf_export_dict(t)
+    assert sorted(final.values()) == list(range(len(final)))
+    assert set(final) == set(np.concatenate(batches).tolist())
+    for b, v in zip(batches, results):
+        np.testing.assert_array_equal(v, [final[k] for k in b.tolist()])
