@@ -20,7 +20,7 @@ export EMBEDLAB_CPU_ISA ?= AUTO
 # host's loopback only.
 LAB_IP ?= 127.0.0.1
 
-.PHONY: help setup run test test-py test-nb lab bench clean
+.PHONY: help setup run test test-py test-nb lab bench clean FORCE
 help:
 	@echo "make setup  create .venv, install requirements.txt, build and install helpers/ (idempotent)"
 	@echo "make run    setup, then execute every notebook into build/notebooks (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small})"
@@ -42,7 +42,14 @@ $(VENV)/.requirements: requirements.txt | $(VENV)/bin/python
 
 # Built against the TensorFlow installed above (--no-build-isolation). Rebuilt when any source
 # of helpers/ changes; CMake's own build folder (helpers/build) keeps the rebuild incremental.
-$(VENV)/.embedlab: $(VENV)/.requirements $(HELPERS_SRC)
+# The build options in a file that changes only when they do: `EMBEDLAB_CUDA=ON make setup`
+# after an AUTO build rebuilds.
+BUILD_OPTIONS := EMBEDLAB_CUDA=$(EMBEDLAB_CUDA) EMBEDLAB_CPU_ISA=$(EMBEDLAB_CPU_ISA)
+$(VENV)/.build-options: FORCE | $(VENV)/bin/python
+	@echo '$(BUILD_OPTIONS)' | cmp -s - $@ || echo '$(BUILD_OPTIONS)' > $@
+FORCE:
+
+$(VENV)/.embedlab: $(VENV)/.requirements $(VENV)/.build-options $(HELPERS_SRC)
 	@echo "== building the EmbedLab kernels and installing helpers/ into $(VENV) (EMBEDLAB_CUDA=$(EMBEDLAB_CUDA):"
 	@echo "   about 1-2 minutes for the C++ kernels, a few more when the CUDA ones are built; incremental afterwards)"
 	@t0=$$(date +%s); PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install -q --no-build-isolation --no-deps --force-reinstall ./helpers; \
