@@ -514,7 +514,7 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tqdm.auto import tqdm
+    from ._progress import tqdm
     files = parquet_files(src)
     cols = schema_columns(pq.read_schema(files[0]))
     slots = list(slots) if slots is not None else cols["sparse"] + cols["ragged"]
