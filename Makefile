@@ -25,6 +25,11 @@ help:
 	@echo "make bench  setup, then the benchmark scripts in helpers/benchmarks"
 
 setup: $(VENV)/.requirements $(VENV)/.embedlab
+# The HPS's Redis tier needs redis-server / redis-cli (Debian's redis-server): installed where missing.
+setup: hps-system
+.PHONY: hps-system
+hps-system:
+	@{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || bash ci/install_system.sh
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
