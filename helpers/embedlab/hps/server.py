@@ -35,6 +35,7 @@ class _TierStats:
     seconds: float = 0.0
     inserted: int = 0
     down_since: float | None = None
+    outage_start: float = 0.0
     outages: int = 0
 
     def as_dict(self):
@@ -210,13 +211,14 @@ class ParameterServer:
             st.errors += 1
             if st.down_since is None:
                 st.outages += 1
+                st.outage_start = time.monotonic()
                 log.warning("HPS %s tier (%s) unavailable, lookups go on without it: %s", which,
                             getattr(tier, "kind", which), e)
             st.down_since = time.monotonic()
             return fallback
         if st.down_since is not None:
             log.warning("HPS %s tier (%s) is back after %.1f s", which, getattr(tier, "kind", which),
-                        time.monotonic() - st.down_since)
+                        time.monotonic() - st.outage_start)
             st.down_since = None
         return out
 

@@ -147,6 +147,10 @@ class RedisTier:
 
     A connection failure raises :class:`TierUnavailable`; the client reconnects by itself on the
     next call once Redis is back.
+
+    Replies are parsed by ``hiredis`` (pinned next to ``redis``; the client uses it when installed):
+    with redis-py's pure-Python parser a 2,048-key lookup took about twice as long. Rows are
+    copied out with one ``b"".join`` per reply, not one NumPy call per key.
     """
     name = "volatile"
     kind = "redis_cluster"
@@ -243,14 +247,18 @@ class RedisTier:
                 return pipe.execute()
             replies = self._run(go)
             for (p, pos), vals in zip(group, replies):
-                for j, v in zip(pos, vals):
-                    if v is None:
-                        continue
-                    if len(v) != want:
-                        bad += 1
-                        continue
-                    out[j] = np.frombuffer(v, dtype="<f4")
-                    found[j] = True
+                lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
+                ok = lens == want
+                bad += int(np.count_nonzero((lens >= 0) & ~ok))
+                if ok.all():
+                    buf = b"".join(vals)
+                elif ok.any():
+                    buf = b"".join([v for v, o in zip(vals, ok) if o])
+                else:
+                    continue
+                rows = pos[ok]
+                out[rows] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
+                found[rows] = True
         if bad:
             self.bad_values += bad
             if table not in self._bad_logged:
@@ -411,14 +419,18 @@ class RocksDBTier:
         bad = 0
         for s in range(0, n, batch):
             vals = cf.get(kl[s:s + batch])
-            for j, v in enumerate(vals, start=s):
-                if v is None:
-                    continue
-                if len(v) != want:
-                    bad += 1
-                    continue
-                out[j] = np.frombuffer(v, dtype="<f4")
-                found[j] = True
+            lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
+            ok = lens == want
+            bad += int(np.count_nonzero((lens >= 0) & ~ok))
+            if ok.all():
+                buf = b"".join(vals)
+            elif ok.any():
+                buf = b"".join([v for v, o in zip(vals, ok) if o])
+            else:
+                continue
+            rows = s + np.flatnonzero(ok)
+            out[rows] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
+            found[rows] = True
         if bad:
             self.bad_values += bad
             log.warning("HPS rocks_db tier: %d value(s) of the wrong length in %s; treated as misses", bad, table)
