@@ -33,7 +33,7 @@ log = logging.getLogger("embedlab.hps")
 
 __all__ = ["DemoArgs", "demo_args", "generate_random_samples", "train_naive_dnn", "dense_part",
            "save_dense_savedmodels", "export_onnx", "check_onnx", "write_embedding",
-           "write_hps_json", "InferenceModel", "build_inference_model", "export_for_serving",
+           "write_hps_json", "serving_tiers", "write_manifest", "InferenceModel", "build_inference_model", "export_for_serving",
            "MODEL_NAME", "ONNX_INPUT", "ONNX_OUTPUT"]
 
 MODEL_NAME = "naive_dnn"
@@ -302,6 +302,63 @@ def _native_tiers_available() -> bool:
         return False
 
 
+def serving_tiers(out_dir, sparse_dir, args: DemoArgs, native_tiers: bool | None = None) -> dict:
+    """The tiers of ``hps_demo.json``: the compiled cache + ``parallel_hash_map`` (``native_tiers``),
+    or a RocksDB filled here and opened read-only by the servers (several Triton instances may
+    share it). None: the compiled tiers when this build has them (logged).
+
+    Returns:
+        keyword arguments for :func:`write_hps_json` (``gpucache``, ``volatile_db``, ``persistent_db``).
+    """
+    if native_tiers is None:
+        native_tiers = _native_tiers_available()
+        log.info("HPS demo config: %s", "compiled cache + parallel_hash_map tiers" if native_tiers
+                 else "this build has no compiled cache / hash map: rocks_db tier only")
+    if native_tiers:
+        return dict(gpucache=True, volatile_db={"type": "parallel_hash_map", "initial_cache_rate": 1.0},
+                    persistent_db={"type": "disabled"})
+    from .server import ParameterServer
+    out_dir = Path(out_dir)
+    rdb = out_dir / "naive_dnn_rocksdb"
+    fill = out_dir / ".hps_fill.json"
+    write_hps_json(fill, sparse_dir, args, gpucache=False, volatile_db={"type": "disabled"},
+                   persistent_db={"type": "rocks_db", "path": str(rdb), "read_only": False})
+    ParameterServer(str(fill)).close()
+    fill.unlink()
+    return dict(gpucache=False, volatile_db={"type": "disabled"},
+                persistent_db={"type": "rocks_db", "path": str(rdb), "read_only": True})
+
+
+def write_manifest(out_dir, args: DemoArgs, onnx_names: dict, checks: dict, tiers: dict) -> dict:
+    """Writes ``serving.json`` (absolute paths of the files :func:`export_for_serving` lays out)."""
+    out = Path(out_dir).resolve()
+    manifest = {
+        "model_name": MODEL_NAME,
+        "ps_config_file": str(out / "hps_demo.json"),
+        "table_id": 0,
+        "emb_vec_size": args.embed_vec_size,
+        "slot_num": args.slot_num,
+        "keys_per_sample": args.slot_num,
+        "onnx_file": str(out / "dense.onnx"),
+        "onnx_input": onnx_names["input"],
+        "onnx_output": onnx_names["output"],
+        "dense_savedmodel": str(out / "naive_dnn_dense.model"),
+        "inference_savedmodel": str(out / "naive_dnn_inference.model"),
+        "reshape_dense_savedmodel": str(out / "naive_dnn_reshape_dense.model"),
+        "sparse_model": str(out / "naive_dnn_sparse.model"),
+        "vocabulary_range_per_slot": args.vocabulary_range_per_slot,
+        "tiers": {"gpucache": tiers["gpucache"], "volatile_db": tiers["volatile_db"]["type"],
+                  "persistent_db": tiers["persistent_db"]["type"]},
+        "checks": checks,
+    }
+    for k in ("ps_config_file", "onnx_file", "dense_savedmodel", "inference_savedmodel", "sparse_model"):
+        if not Path(manifest[k]).exists():
+            raise FileNotFoundError(f"write_manifest: {k} {manifest[k]} does not exist; export it first")
+    with atomic_file(out / "serving.json") as tmp:
+        Path(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
 def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tiers: bool | None = None,
                        trained=None, verbose: bool = True) -> dict:
     """Trains (unless ``trained=(model, losses)`` is given) and writes everything serving needs.
@@ -330,10 +387,6 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
     out = Path(out_dir or (_config.DATA_DIR / "hps_triton")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args = args or demo_args()
-    if native_tiers is None:
-        native_tiers = _native_tiers_available()
-        log.info("export_for_serving: %s", "compiled cache + parallel_hash_map tiers" if native_tiers
-                 else "this build has no compiled cache / hash map: rocks_db tier only")
     if trained is None:
         model, losses, _ = train_naive_dnn(args, log_every=0 if not verbose else max(1, args.iter_num // 5))
     else:
@@ -347,21 +400,7 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
     names = export_onnx(dense, args, onnx_file)
     onnx_diff = check_onnx(onnx_file, dense, args)
     hps_json = out / "hps_demo.json"
-    if native_tiers:
-        tiers = dict(gpucache=True, volatile_db={"type": "parallel_hash_map", "initial_cache_rate": 1.0},
-                     persistent_db={"type": "disabled"})
-    else:
-        # RocksDB opened read-only by every server process (several Triton instances may share it);
-        # it is filled once here.
-        rdb = out / "naive_dnn_rocksdb"
-        from .server import ParameterServer
-        fill = out / ".hps_fill.json"
-        write_hps_json(fill, sparse, args, gpucache=False, volatile_db={"type": "disabled"},
-                       persistent_db={"type": "rocks_db", "path": str(rdb), "read_only": False})
-        ParameterServer(str(fill)).close()
-        fill.unlink()
-        tiers = dict(gpucache=False, volatile_db={"type": "disabled"},
-                     persistent_db={"type": "rocks_db", "path": str(rdb), "read_only": True})
+    tiers = serving_tiers(out, sparse, args, native_tiers)
     write_hps_json(hps_json, sparse, args, **tiers)
     shutdown(str(hps_json))
     infer_sm = out / "naive_dnn_inference.model"
@@ -371,27 +410,7 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
     shutdown(str(hps_json))   # release the server (and its RocksDB) for the serving processes
     checks["onnx_max_abs_diff"] = onnx_diff
     checks["final_loss"] = float(losses[-1]) if losses else None
-    manifest = {
-        "model_name": MODEL_NAME,
-        "ps_config_file": str(hps_json),
-        "table_id": 0,
-        "emb_vec_size": args.embed_vec_size,
-        "slot_num": args.slot_num,
-        "keys_per_sample": args.slot_num,
-        "onnx_file": str(onnx_file),
-        "onnx_input": names["input"],
-        "onnx_output": names["output"],
-        "dense_savedmodel": str(dense_sm),
-        "inference_savedmodel": str(infer_sm),
-        "reshape_dense_savedmodel": str(reshape_sm),
-        "sparse_model": str(sparse),
-        "vocabulary_range_per_slot": args.vocabulary_range_per_slot,
-        "tiers": {"gpucache": tiers["gpucache"], "volatile_db": tiers["volatile_db"]["type"],
-                  "persistent_db": tiers["persistent_db"]["type"]},
-        "checks": checks,
-    }
-    with atomic_file(out / "serving.json") as tmp:
-        Path(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
+    manifest = write_manifest(out, args, names, checks, tiers)
     if verbose:
         print(f"wrote {out / 'serving.json'}: onnx max|diff| {onnx_diff:.2e}, logits MSE {checks['logits_mse']:.2e}")
     return manifest
