@@ -378,10 +378,10 @@ def parse_config(d: dict, source: str = "<dict>", base: Path | None = None) -> H
         per.path = _resolve(per.path, base) if not Path(per.path).is_absolute() else per.path
     known = {"supportlonglong", "volatile_db", "persistent_db", "models"}
     _report_extra("", d, known, _NO_EFFECT_TOP, report)
-    for m in models:
-        if vol.type == "disabled" and per.type == "disabled" and not (m.gpucache and m.embedding_cache_type == "static"):
-            raise _err("volatile_db.type", f"and persistent_db.type are both 'disabled': model {m.model!r} "
-                       "would have nowhere to keep its rows (enable a database, or use a static cache)")
+    if vol.type == "disabled" and per.type == "disabled":
+        # Even a static cache cannot promise to hold every row (a full set refuses more keys).
+        raise _err("volatile_db.type", "and persistent_db.type are both 'disabled': the tables would have "
+                   "nowhere to be kept in full (enable a volatile or a persistent database)")
     return HPSConfig(models=models, volatile_db=vol, persistent_db=per, supportlonglong=supportlonglong,
                      source=source, report=report)
 
