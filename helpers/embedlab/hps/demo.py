@@ -19,7 +19,7 @@ from .server import ParameterServer
 
 log = logging.getLogger("embedlab.hps")
 
-__all__ = ["zipf_stream", "hit_rate_vs_cache_size", "StreamRun", "run_stream", "tier_walk"]
+__all__ = ["zipf_stream", "hit_rate_vs_cache_size", "top_k_hit_rate", "StreamRun", "run_stream", "tier_walk"]
 
 
 def zipf_stream(keys: np.ndarray, n_batches: int, batch: int, alpha: float = 1.05, seed: int = 0) -> list:
@@ -66,6 +66,15 @@ def hit_rate_vs_cache_size(sparse_dir, stream, fractions=(0.01, 0.02, 0.05, 0.1,
             out["hit_rate"].append(hits / max(1, hits + misses))
             out["capacity"].append(ps.table_info("zipf", 0)["cache_capacity"])
     return out
+
+
+def top_k_hit_rate(stream, capacities, warmup_batches: int = 5) -> list:
+    """The hit rate a cache of each capacity would reach if it held the stream's most frequent
+    keys from the start (a frequency oracle no online cache can beat on an i.i.d. stream)."""
+    keys = np.concatenate(stream[warmup_batches:])
+    _, counts = np.unique(keys, return_counts=True)
+    cum = np.concatenate([[0], np.cumsum(np.sort(counts)[::-1])]) / len(keys)
+    return [float(cum[min(int(c), len(cum) - 1)]) for c in capacities]
 
 
 @dataclass
