@@ -349,6 +349,16 @@ def _parse_model(i: int, d, base: Path, report) -> ModelConfig:
     if "cache_refresh_percentage_per_iteration" in d:
         m.cache_refresh_percentage_per_iteration = _float(
             where + "cache_refresh_percentage_per_iteration", d["cache_refresh_percentage_per_iteration"], 0.0, 1.0)
+    # Read and checked, but with no effect on this CPU implementation: reported too.
+    checked_no_effect = {
+        "deployed_device_list": "one host-memory server per process serves every device",
+        "max_batch_size": "lookups of any size are served (no preallocated GPU buffers)",
+        "maxnum_catfeature_query_per_table_per_sample": "lookups of any size are served (no preallocated GPU buffers)",
+        "cache_refresh_percentage_per_iteration": "refresh() updates every cached row in one pass",
+    }
+    for k, why in checked_no_effect.items():
+        if k in d:
+            report.append(f"{where}{k}: checked, no effect here ({why})")
     known = {"model", "sparse_files", "embedding_table_names", "embedding_vecsize_per_table",
              "maxnum_catfeature_query_per_table_per_sample", "default_value_for_each_table",
              "deployed_device_list", "max_batch_size", "gpucache", "gpucacheper", "hit_rate_threshold",
