@@ -256,6 +256,11 @@ class HostStore:
         self._release()
 
 
+def _tf_var(v):
+    t = el_ops._as_variable(v)
+    return v if t is None else t
+
+
 # --------------------------------------------------------------------------------------
 # The embedding
 # --------------------------------------------------------------------------------------
@@ -286,8 +291,7 @@ class Embedding:
             self.kopt.build([self.table])
             if o.type == "Adam":
                 i = self.kopt._get_variable_index(self.table)
-                self.slots = [el_ops._as_variable(self.kopt._momentums[i]) or self.kopt._momentums[i],
-                              el_ops._as_variable(self.kopt._velocities[i]) or self.kopt._velocities[i]]
+                self.slots = [_tf_var(self.kopt._momentums[i]), _tf_var(self.kopt._velocities[i])]
             else:
                 self.slots = []
         else:

@@ -102,10 +102,10 @@ def forward_layer(spec: LayerSpec, ins: list, weights: list, training: bool, bn_
         if training:
             mean, var = tf.nn.moments(x, axes=[0])
             f = p["factor"]
-            n = tf.cast(tf.shape(x)[0], tf.float32)
+            n = tf.cast(tf.shape(x)[0], x.dtype)
             unbiased = var * n / tf.maximum(n - 1.0, 1.0)
-            mean_v.assign((1 - f) * mean_v + f * tf.cast(mean, tf.float32))
-            var_v.assign((1 - f) * var_v + f * tf.cast(unbiased, tf.float32))
+            mean_v.assign((1 - f) * mean_v + f * tf.cast(mean, mean_v.dtype))
+            var_v.assign((1 - f) * var_v + f * tf.cast(unbiased, var_v.dtype))
         else:
             mean, var = tf.cast(mean_v, x.dtype), tf.cast(var_v, x.dtype)
         y = (x - mean) * tf.math.rsqrt(var + tf.cast(p["eps"], x.dtype))
