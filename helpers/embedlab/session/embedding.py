@@ -402,15 +402,19 @@ class Embedding:
             wm = self.watermark
         return np.where(rows < wm, rows, -1)
 
-    def pending_init(self):
-        """(rows, values) of rows inserted but not yet initialized; advances the watermark."""
+    def pending_init(self, rows_in_batch=None):
+        """(rows, values) of the rows a batch needs initialized: every row below the batch's
+        highest row not yet initialized (rows are handed out in translation order, so these are
+        the batch's new keys and, at most, a few of prefetched batches). Advances the watermark."""
         if self.one_hot:
             return np.empty(0, np.int64), np.empty((0, self.vec), np.float32)
         with self.lock:
-            size = int(self.keys_table.size())
-            rows = np.arange(self.watermark, size, dtype=np.int64)
-            keys = self.row_keys[self.watermark:size].copy()
-            self.watermark = size
+            upto = self.watermark
+            if rows_in_batch is not None and len(rows_in_batch):
+                upto = max(upto, int(rows_in_batch.max()) + 1)
+            rows = np.arange(self.watermark, upto, dtype=np.int64)
+            keys = self.row_keys[self.watermark:upto].copy()
+            self.watermark = upto
         return rows, init_values(keys, self.vec, self.seed, self.spec.index)
 
     # ---- loading and exporting -------------------------------------------------------
@@ -457,11 +461,10 @@ class Embedding:
             keys, rows = keys[order], rows[order]
             vals = self.store.values[:len(keys)]
             return keys, vals, (self.store.slot_ids[:len(keys)] if localized else None)
-        rows_init, vals_init = self.pending_init()
-        if len(rows_init):
-            self.table.scatter_update(tf.IndexedSlices(vals_init, rows_init))
         with self.lock:
             keys, rows = self.keys_table.export()
+            keep = rows < self.watermark            # rows a training step has initialized
+        keys, rows = keys[keep], rows[keep]
         order = np.argsort(rows)
         keys, rows = keys[order], rows[order]
         vals = self.table[:len(rows)].numpy() if len(rows) else np.zeros((0, self.vec), np.float32)

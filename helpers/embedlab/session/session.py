@@ -416,7 +416,7 @@ class Session:
         lr_d, lr_e = self._lrs(self.iteration + 1)
         args += [tf.constant(lr_d, tf.float32), tf.constant(lr_e, tf.float32)]
         for e, (splits, _), rows in zip(self.embeddings, self._inputs(batch), tr["rows"]):
-            irows, ivals = e.pending_init()
+            irows, ivals = e.pending_init(rows)
             args += [tf.constant(splits), tf.constant(rows), tf.constant(irows), tf.constant(ivals),
                      tf.constant(e.watermark, tf.int64)]
         self._loss = self._train_fn(*args)
