@@ -24,8 +24,13 @@ inline void store_key(int64_t* p, int64_t k) { __atomic_store_n(p, k, __ATOMIC_R
 
 // Rows are copied with plain loads and stores: a reader's copy that raced with a writer is
 // detected by the seqlock and redone, never returned.
-inline void copy_row(float* dst, const float* src, int64_t dim) {
-  std::memcpy(dst, src, static_cast<size_t>(dim) * sizeof(float));
+// Fixed-size 64-byte chunks compile to inline vector moves (a variable-size memcpy is a libc
+// call, which cost more than the copy itself at dim 16).
+inline void copy_row(float* __restrict dst, const float* __restrict src, int64_t dim) {
+  int64_t j = 0;
+  for (; j + 16 <= dim; j += 16) std::memcpy(dst + j, src + j, 64);
+  for (; j + 4 <= dim; j += 4) std::memcpy(dst + j, src + j, 16);
+  for (; j < dim; ++j) dst[j] = src[j];
 }
 
 // Way holding `key` among the occupied ways of a set, or -1.
