@@ -20,7 +20,7 @@ Each figure is the median of ``--repeats`` passes, in keys per second; the four 
 interleaved within each pass (load from other processes hits them alike). The Redis and RocksDB
 servers share the machine's cores with the client, like a single-host deployment.
 
-Prints a table and writes JSON (default helpers/benchmarks/results/hps_db_<machine>_<date>.json).
+Prints a table and writes JSON (default helpers/benchmarks/results/hps_db_<machine>_<UTC time>.json).
 ``tier_results(...)`` returns the rows for ``helpers/benchmarks/hps.py`` to include.
 
 Usage:
@@ -42,21 +42,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-
-
-def _cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _machine_tag():
-    words = [w for w in _cpu_name().lower().replace("(r)", "").replace("(tm)", "").split() if w.isalnum()][:2]
-    return "_".join(words + [f"{os.cpu_count()}c"]) or "unknown"
+sys.path.insert(0, str(HERE))
+from _results import cpu_machine, cpu_name, default_out  # noqa: E402
 
 
 def _query(keys, batch, dist, rng):
@@ -195,7 +182,7 @@ def main():
     rows = tier_results(a.dims, a.rows, a.batch, a.repeats, a.mget_keys)
     import redis as redis_py
     server_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+    machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                "redis_py": redis_py.__version__, "redis_server": server_version}
     print(f"\n{'dim':>4} {'keys':8} {'redis tier':>11} {'r-b MGET':>10} {'ratio':>6} {'GET loop':>9} {'ratio':>7} "
           f"{'rocksdb':>9}   (M keys/s; {machine['cpu']}, {machine['cores']} cores)")
@@ -203,8 +190,7 @@ def main():
         print(f"{r['dim']:4d} {r['dist']:8} {r['redis_tier_keys_s'] / 1e6:11.3f} {r['redis_benchmark_mget_keys_s'] / 1e6:10.3f} "
               f"{r['redis_tier_vs_redis_benchmark']:6.2f} {r['redis_get_loop_keys_s'] / 1e6:9.3f} "
               f"{r['redis_tier_vs_get_loop']:7.1f} {r['rocksdb_tier_keys_s'] / 1e6:9.3f}")
-    date = time.strftime("%Y%m%d", time.gmtime())
-    out_path = a.out or HERE / "results" / f"hps_db_{_machine_tag()}_{date}.json"
+    out_path = a.out or default_out("hps_db", cpu_machine())
     out_path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": " ".join([Path(sys.executable).name] + sys.argv), "machine": machine, "results": rows,
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
