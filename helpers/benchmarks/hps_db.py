@@ -21,7 +21,8 @@ interleaved within each pass (load from other processes hits them alike). The Re
 servers share the machine's cores with the client, like a single-host deployment.
 
 Prints a table and writes JSON (default helpers/benchmarks/results/hps_db_<machine>_<UTC time>.json).
-``tier_results(...)`` returns the rows for ``helpers/benchmarks/hps.py`` to include.
+``tier_results(...)`` returns these rows; ``make_tiers(...)`` gives ``helpers/benchmarks/hps.py`` its
+``redis`` and ``rocks_db`` tiers.
 
 Usage:
     .venv/bin/python helpers/benchmarks/hps_db.py [--dims 16 128] [--rows 262144] [--batch 65536]
@@ -168,6 +169,77 @@ def tier_results(dims=(16, 128), rows=262144, batch=65536, repeats=3, mget_keys=
         import shutil
         shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def make_tiers(time_calls, result, check_rows) -> dict:
+    """The ``redis`` and ``rocks_db`` tiers for ``helpers/benchmarks/hps.py`` (its ``TIERS``), built
+    on its helpers: ``TIERS.update(hps_db.make_tiers(time_calls, result, check_rows))``.
+
+    Each takes ``(w, args)`` (``w.keys``, ``w.values``, ``w.queries``, ``w.positions``, ``w.dim``,
+    ``w.batch``) and returns result rows; the Redis rows include ``redis-benchmark`` pipelined MGET
+    of the same value size and a loop of single GETs, measured on the same server.
+    """
+    from embedlab.hps.config import PersistentDBConfig, VolatileDBConfig
+    from embedlab.hps.redis import start_redis
+    from embedlab.hps.tiers import RedisTier, RocksDBTier
+
+    def tier_redis(w, args):
+        server = start_redis()
+        try:
+            rb = 4 * w.dim
+            tier = RedisTier(VolatileDBConfig(type="redis_cluster", address=server.address,
+                                              password=server.password, num_partitions=8, max_batch_size=65536))
+            tier.add_table("hps_et.bench.t", w.dim)
+            tier.insert("hps_et.bench.t", w.keys, w.values)
+            out = np.empty((w.batch, w.dim), np.float32)
+            if len(tier.find("hps_et.bench.t", w.queries[0], out)):
+                raise SystemExit("hps benchmark: redis lost rows")
+            check_rows("redis", out, w.values[w.positions[0]])
+            reps = max(1, min(3, args.reps))
+            sec = time_calls([lambda q=q: tier.find("hps_et.bench.t", q, out) for q in w.queries[:2]], reps)
+            client = server.client()
+            vb = np.ascontiguousarray(w.values).tobytes()
+            pipe = client.pipeline(transaction=False)
+            for i in range(len(w.keys)):
+                pipe.set(f"key:{i:012d}", vb[rb * i:rb * (i + 1)])
+                if i % 20000 == 19999:
+                    pipe.execute()
+            pipe.execute()
+            mget = _redis_benchmark_mget(server, len(w.keys), rb, 100, 16, seconds=1.0)
+            names = [f"key:{int(i):012d}" for i in w.positions[0][:2000]]
+            t0 = time.perf_counter()
+            for k in names:
+                client.get(k)
+            get_s = (time.perf_counter() - t0) / len(names) * w.batch
+            rows = [result(w, "redis", "redis_cluster tier (pipelined HMGET)", sec, partitions=8),
+                    result(w, "redis", "redis-benchmark MGET x100, -P 16, 1 conn", w.batch / mget),
+                    result(w, "redis", "redis-py GET loop", get_s)]
+            rows[0]["vs_redis_benchmark"] = rows[0]["mkeys_per_s"] / rows[1]["mkeys_per_s"]
+            rows[0]["vs_get_loop"] = rows[0]["mkeys_per_s"] / rows[2]["mkeys_per_s"]
+            tier.close()
+            return rows
+        finally:
+            server.stop()
+
+    def tier_rocks_db(w, args):
+        import shutil
+        work = Path(tempfile.mkdtemp(prefix="embedlab-bench-rocks-"))
+        try:
+            tier = RocksDBTier(PersistentDBConfig(type="rocks_db", path=str(work / "db"), max_batch_size=65536))
+            tier.add_table("hps_et.bench.t", w.dim)
+            tier.insert("hps_et.bench.t", w.keys, w.values)
+            out = np.empty((w.batch, w.dim), np.float32)
+            if len(tier.find("hps_et.bench.t", w.queries[0], out)):
+                raise SystemExit("hps benchmark: rocks_db lost rows")
+            check_rows("rocks_db", out, w.values[w.positions[0]])
+            sec = time_calls([lambda q=q: tier.find("hps_et.bench.t", q, out) for q in w.queries[:2]],
+                             max(1, min(3, args.reps)))
+            tier.close()
+            return [result(w, "rocks_db", "rocks_db tier (rocksdict multi-get)", sec)]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return {"redis": tier_redis, "rocks_db": tier_rocks_db}
 
 
 def main():
