@@ -42,7 +42,8 @@ STACKS = {
     "cache+parallel_hash_map+rocks_db": dict(volatile="parallel_hash_map", persistent="rocks", gpucache=True,
                                              native=True, initial_cache_rate=0.5),
     "static cache+hash_map": dict(gpucache=True, static=True, native=True, volatile="hash_map"),
-    "hash_map(evicting)+rocks_db": dict(volatile="hash_map", persistent="rocks", native=True, overflow=True),
+    **{f"hash_map({policy})+rocks_db": dict(volatile="hash_map", persistent="rocks", native=True, overflow=policy)
+       for policy in ("evict_random", "evict_least_used", "evict_oldest")},
 }
 
 
@@ -63,7 +64,7 @@ def test_stack_against_oracle(stack, tmp_path, request):
     elif s.get("volatile"):
         vol = {"type": s["volatile"], "initial_cache_rate": s.get("initial_cache_rate", 1.0), "num_partitions": 4}
         if s.get("overflow"):
-            vol.update(overflow_margin=100, overflow_policy="evict_least_used", overflow_resolution_target=0.5)
+            vol.update(overflow_margin=100, overflow_policy=s["overflow"], overflow_resolution_target=0.5)
     if s.get("persistent") == "rocks":
         per = {"type": "rocks_db", "path": str(tmp_path / "db")}
     model = {"gpucacheper": 0.3}
@@ -87,6 +88,9 @@ def test_stack_against_oracle(stack, tmp_path, request):
         if vol is not None and not s.get("overflow") and s.get("initial_cache_rate", 1.0) == 1.0:
             assert st["tiers"]["volatile"]["hits"] > 0
         assert ps.lookup("m1", 0, np.zeros(0, np.int64)).shape == (0, 16)
+        if s.get("overflow"):   # every partition of every table stays within overflow_margin
+            for t in ("hps_et.m1.a", "hps_et.m1.b", "hps_et.m2.a"):
+                assert ps.volatile.size(t) <= 4 * 100
     finally:
         ps.close()
 
