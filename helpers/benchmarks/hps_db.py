@@ -251,11 +251,13 @@ def main():
     p.add_argument("--mget-keys", type=int, default=100)
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
+    load_start = os.getloadavg()
     rows = tier_results(a.dims, a.rows, a.batch, a.repeats, a.mget_keys)
     import redis as redis_py
     server_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
     machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-               "redis_py": redis_py.__version__, "redis_server": server_version}
+               "redis_py": redis_py.__version__, "redis_server": server_version,
+               "load_average_start": load_start, "load_average_end": os.getloadavg()}
     print(f"\n{'dim':>4} {'keys':8} {'redis tier':>11} {'r-b MGET':>10} {'ratio':>6} {'GET loop':>9} {'ratio':>7} "
           f"{'rocksdb':>9}   (M keys/s; {machine['cpu']}, {machine['cores']} cores)")
     for r in rows:
