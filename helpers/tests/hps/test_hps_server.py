@@ -213,3 +213,22 @@ print("no-tf-ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert "no-tf-ok" in r.stdout, r.stderr[-2000:]
+
+
+@needs_native_tiers
+def test_update_never_loses_to_a_queued_background_insert(tmp_path):
+    rng = np.random.default_rng()
+    tab = Table(tmp_path / "t", n=1000, dim=8, rng=rng)
+    cfg = _cfg({("a", "t"): tab}, volatile={"type": "hash_map"}, gpucache=True, gpucacheper=1.0,
+               hit_rate_threshold=0.0)                       # every insertion goes to the background thread
+    ps = ParameterServer(cfg)
+    for _ in range(5):
+        q = tab.keys[rng.choice(1000, 60, replace=False)]
+        ps.lookup("a", 0, q)                                 # queues (key, old row) insertions
+        new = rng.standard_normal((60, 8)).astype(np.float32)
+        ps.update("a", 0, q, new)                            # races the queued insertions
+        ps.wait_background()
+        assert np.array_equal(ps.lookup("a", 0, q), new)
+        for k, v in zip(q, new):
+            tab.oracle[int(k)] = v
+    ps.close()
