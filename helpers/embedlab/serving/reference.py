@@ -1,0 +1,68 @@
+"""The served model's two steps in one process: HPS lookup, then onnxruntime.
+
+This is what the ensemble computes, without a server: the oracle the tests compare the served
+answers with, and the in-process baseline the serving benchmark measures the server against.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .repository import ServingManifest, load_manifest
+
+__all__ = ["InProcessModel"]
+
+
+class InProcessModel:
+    """`embedlab.hps.ParameterServer` + an onnxruntime session over an exported model.
+
+    Args:
+        manifest: a `ServingManifest` or the path of `serving.json` / its folder.
+        threads: onnxruntime intra-op threads (default: all cores).
+
+    Example:
+        >>> model = InProcessModel(DATA_DIR / "hps_triton")            # doctest: +SKIP
+        >>> model.predict(np.array([[1, 10001, 20001]]))                # [1, 1] logits
+    """
+
+    def __init__(self, manifest, *, threads: int | None = None):
+        import onnxruntime as ort
+        from embedlab.hps import ParameterServer
+        self.manifest = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+        m = self.manifest
+        self.ps = ParameterServer(m.ps_config_file)
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = int(threads or os.cpu_count() or 1)
+        so.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(m.onnx_file, sess_options=so, providers=["CPUExecutionProvider"])
+        shape = next(i.shape for i in self.session.get_inputs() if i.name == m.onnx_input)
+        self._tail = tuple(int(d) for d in shape[1:])
+
+    def lookup(self, keys) -> np.ndarray:
+        """int64 [batch, keys_per_sample] -> float32 [batch, keys_per_sample, emb_vec_size]."""
+        keys = np.asarray(keys)
+        m = self.manifest
+        if keys.dtype != np.int64 or keys.ndim != 2 or keys.shape[1] != m.keys_per_sample:
+            raise ValueError(f"keys must be int64 [batch, {m.keys_per_sample}], got {keys.dtype} {list(keys.shape)}")
+        v = self.ps.lookup(m.model_name, m.table_id, keys.reshape(-1))
+        return v.reshape(keys.shape[0], m.keys_per_sample, m.emb_vec_size)
+
+    def dense(self, vectors) -> np.ndarray:
+        """float32 [batch, keys_per_sample, emb_vec_size] -> the dense model's output [batch, k]."""
+        x = np.ascontiguousarray(vectors, dtype=np.float32).reshape((len(vectors),) + self._tail)
+        y = self.session.run([self.manifest.onnx_output], {self.manifest.onnx_input: x})[0]
+        return np.asarray(y, np.float32).reshape(len(vectors), -1)
+
+    def predict(self, keys) -> np.ndarray:
+        """Both steps: what the served `ensemble` returns as DENSE_OUTPUT."""
+        return self.dense(self.lookup(keys))
+
+    def close(self) -> None:
+        self.ps.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
