@@ -11,7 +11,7 @@ import numpy as np
 
 from .repository import ServingManifest, load_manifest
 
-__all__ = ["InProcessModel"]
+__all__ = ["InProcessModel", "table_keys", "sample_keys"]
 
 
 class InProcessModel:
@@ -35,6 +35,8 @@ class InProcessModel:
         so = ort.SessionOptions()
         so.intra_op_num_threads = int(threads or os.cpu_count() or 1)
         so.inter_op_num_threads = 1
+        # The served dense model's settings (no spin-waiting), so both sides run the same way.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(m.onnx_file, sess_options=so, providers=["CPUExecutionProvider"])
         shape = next(i.shape for i in self.session.get_inputs() if i.name == m.onnx_input)
         self._tail = tuple(int(d) for d in shape[1:])
@@ -66,3 +68,25 @@ class InProcessModel:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def table_keys(manifest) -> np.ndarray:
+    """The keys of the served table (from the sparse model the HPS JSON names)."""
+    import json
+    from embedlab.sparse_model import read_sparse_model
+    m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    cfg = json.loads(open(m.ps_config_file).read())
+    models = [x for x in cfg.get("models", []) if x.get("model") == m.model_name]
+    if not models:
+        raise ValueError(f"{m.ps_config_file} has no model {m.model_name!r}")
+    files = models[0].get("sparse_files", [])
+    if m.table_id >= len(files):
+        raise ValueError(f"{m.ps_config_file}: model {m.model_name!r} has no table {m.table_id}")
+    return np.asarray(read_sparse_model(files[m.table_id], dim=m.emb_vec_size, mmap=True).keys)
+
+
+def sample_keys(manifest, batch: int, rng, keys: np.ndarray | None = None) -> np.ndarray:
+    """int64 [batch, keys_per_sample] drawn uniformly from the served table's keys."""
+    m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    pool = table_keys(m) if keys is None else keys
+    return rng.choice(pool, size=(batch, m.keys_per_sample)).astype(np.int64)

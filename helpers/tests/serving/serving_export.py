@@ -17,17 +17,22 @@ MAX_BATCH = 64
 DEFAULT_VALUE = 0.5
 
 
-def write_onnx_mlp(path: Path, width: int, hidden: int, rng) -> None:
+def write_onnx_mlp(path: Path, width: int, hidden, rng) -> None:
+    """An ONNX MLP [batch, width] -> Gemm+Relu per hidden size -> Gemm -> [batch, 1]."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    w1 = (rng.standard_normal((width, hidden)) / np.sqrt(width)).astype(np.float32)
-    b1 = rng.standard_normal(hidden).astype(np.float32) * 0.1
-    w2 = (rng.standard_normal((hidden, 1)) / np.sqrt(hidden)).astype(np.float32)
-    b2 = np.array([0.05], np.float32)
-    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (b1, "b1"), (w2, "w2"), (b2, "b2"))]
-    nodes = [helper.make_node("Gemm", ["input_1", "w1", "b1"], ["h"]),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Gemm", ["r", "w2", "b2"], ["output_1"])]
+    inits, nodes, x, fan_in = [], [], "input_1", width
+    for i, h in enumerate(list(hidden) + [1]):
+        w = (rng.standard_normal((fan_in, h)) / np.sqrt(fan_in)).astype(np.float32)
+        b = (rng.standard_normal(h) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        last = i == len(hidden)
+        y = "output_1" if last else f"h{i}"
+        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [y]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [y], [f"r{i}"]))
+            y = f"r{i}"
+        x, fan_in = y, h
     graph = helper.make_graph(
         nodes, "dense_mlp",
         [helper.make_tensor_value_info("input_1", TensorProto.FLOAT, ["batch", width])],
@@ -39,7 +44,7 @@ def write_onnx_mlp(path: Path, width: int, hidden: int, rng) -> None:
 
 
 def hps_json(model_name: str, sparse_dir: Path, volatile_db: dict | None = None,
-             persistent_db: dict | None = None, max_batch: int = MAX_BATCH) -> dict:
+             persistent_db: dict | None = None, max_batch: int = MAX_BATCH, dim: int = DIM) -> dict:
     """HugeCTR's HPS JSON for one table (the fields embedlab.hps reads)."""
     cfg = {
         "supportlonglong": True,
@@ -47,7 +52,7 @@ def hps_json(model_name: str, sparse_dir: Path, volatile_db: dict | None = None,
             "model": model_name,
             "sparse_files": [str(sparse_dir)],
             "embedding_table_names": ["sparse_embedding1"],
-            "embedding_vecsize_per_table": [DIM],
+            "embedding_vecsize_per_table": [dim],
             "maxnum_catfeature_query_per_table_per_sample": [SLOTS],
             "default_value_for_each_table": [DEFAULT_VALUE],
             "deployed_device_list": [0],
@@ -64,21 +69,22 @@ def hps_json(model_name: str, sparse_dir: Path, volatile_db: dict | None = None,
     return cfg
 
 
-def make_export(root: Path, seed: int = 7, model_name: str = "served_dnn", **hps_kw) -> Path:
+def make_export(root: Path, seed: int = 7, model_name: str = "served_dnn", dim: int = DIM,
+                vocab_per_slot: int = VOCAB_PER_SLOT, hidden=(32,), **hps_kw) -> Path:
     """A complete small export under `root` (serving.json + files); returns `root`."""
     from embedlab.sparse_model import write_sparse_model
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
-    keys = np.arange(SLOTS * VOCAB_PER_SLOT, dtype=np.int64)
-    vectors = rng.standard_normal((keys.size, DIM)).astype(np.float32)
+    keys = np.arange(SLOTS * vocab_per_slot, dtype=np.int64)
+    vectors = rng.standard_normal((keys.size, dim)).astype(np.float32)
     sparse = root / f"{model_name}_sparse.model"
     write_sparse_model(sparse, keys, vectors)
     ps = root / f"{model_name}.json"
-    ps.write_text(json.dumps(hps_json(model_name, sparse, **hps_kw), indent=2))
+    ps.write_text(json.dumps(hps_json(model_name, sparse, dim=dim, **hps_kw), indent=2))
     onnx_file = root / "dense.onnx"
-    write_onnx_mlp(onnx_file, SLOTS * DIM, 32, rng)
+    write_onnx_mlp(onnx_file, SLOTS * dim, hidden, rng)
     manifest = {"model_name": model_name, "ps_config_file": str(ps), "table_id": 0,
-                "emb_vec_size": DIM, "slot_num": SLOTS, "keys_per_sample": SLOTS,
+                "emb_vec_size": dim, "slot_num": SLOTS, "keys_per_sample": SLOTS,
                 "onnx_file": str(onnx_file), "onnx_input": "input_1", "onnx_output": "output_1",
                 "dense_savedmodel": "", "inference_savedmodel": ""}
     (root / "serving.json").write_text(json.dumps(manifest, indent=2))
