@@ -14,18 +14,19 @@
 `python -m embedlab.serving` (`make serve`) serves notebook 05's export for a person to query.
 """
 from .repository import (ENSEMBLE, IDENTITY_ENSEMBLE, ServingManifest, load_manifest,
-                         write_identity_repository, write_model_repository)
+                         write_identity_repository, write_model_repository,
+                         write_ps_config_variant)
 from .server import TritonServer, TritonServerError, find_tritonserver
 
 __all__ = ["TritonServer", "TritonServerError", "find_tritonserver", "ServingManifest",
-           "load_manifest", "write_model_repository", "write_identity_repository", "ENSEMBLE",
+           "load_manifest", "write_model_repository", "write_identity_repository", "write_ps_config_variant", "ENSEMBLE",
            "IDENTITY_ENSEMBLE", "InProcessModel", "run_load", "infer", "make_inputs", "hps_stats",
-           "LoadResult", "client_for"]
+           "LoadResult", "client_for", "sweep"]
 
 
 def __getattr__(name):
     # The client side imports tritonclient / onnxruntime only when used.
-    if name in ("run_load", "infer", "make_inputs", "hps_stats", "LoadResult", "client_for"):
+    if name in ("run_load", "infer", "make_inputs", "hps_stats", "LoadResult", "client_for", "sweep"):
         from . import client
         return getattr(client, name)
     if name == "InProcessModel":

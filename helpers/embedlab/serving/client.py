@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["make_inputs", "infer", "run_load", "LoadResult", "hps_stats", "client_for"]
+__all__ = ["make_inputs", "infer", "run_load", "sweep", "LoadResult", "hps_stats", "client_for"]
 
 
 def _module(protocol: str):
@@ -82,7 +82,8 @@ class LoadResult:
     latencies: np.ndarray = field(repr=False)
     errors: list = field(default_factory=list, repr=False)
     started: float = 0.0
-    times: np.ndarray = field(default=None, repr=False)   # completion time of each request (s from start)
+    times: np.ndarray = field(default=None, repr=False)   # completion time of each request (s from start),
+    # in completion order; latencies are in the same order
 
     @property
     def requests_per_s(self) -> float:
@@ -205,10 +206,11 @@ def run_load(server_or_url, key_batches, *, model: str = "ensemble", output: str
     for th in threads:
         th.join()
     seconds = (max(done_at) if done_at else time.perf_counter() - t0[0])
+    order = np.argsort(np.asarray(done_at))       # requests in completion order
     return LoadResult(model=model, protocol=protocol, batch=batch, concurrency=concurrency,
                       seconds=seconds, requests=len(lat), failed=counts["failed"], wrong=counts["wrong"],
-                      latencies=np.asarray(lat), errors=errors, started=t0[0],
-                      times=np.sort(np.asarray(done_at)))
+                      latencies=np.asarray(lat)[order], errors=errors, started=t0[0],
+                      times=np.asarray(done_at)[order])
 
 
 _METRIC = re.compile(r'^embedlab_hps_stat\{([^}]*)\}\s+(\S+)$')
@@ -230,4 +232,23 @@ def hps_stats(server_or_url) -> dict:
             continue
         labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1)))
         out[labels.get("stat", "")] = float(m.group(2))
+    return out
+
+
+def sweep(server_or_url, make_batches, batch_sizes=(1, 32, 256, 1024), concurrencies=(1, 4), *,
+          duration_s: float = 1.0, protocol: str = "http", model: str = "ensemble") -> list[dict]:
+    """`run_load` over batch sizes x concurrencies; returns one `summary()` dict per point.
+
+    Args:
+        make_batches: callable(batch_size) -> list of int64 key arrays of that batch size.
+    """
+    out = []
+    for b in batch_sizes:
+        batches = make_batches(b)
+        for c in concurrencies:
+            r = run_load(server_or_url, batches, model=model, protocol=protocol, concurrency=c,
+                         duration_s=duration_s)
+            if r.failed:
+                raise RuntimeError(f"{r.failed} requests failed at batch {b}, {c} clients: {r.errors[:3]}")
+            out.append(r.summary())
     return out

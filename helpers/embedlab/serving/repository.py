@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 __all__ = ["ServingManifest", "load_manifest", "write_model_repository",
-           "write_identity_repository", "ENSEMBLE", "IDENTITY_ENSEMBLE"]
+           "write_identity_repository", "write_ps_config_variant", "ENSEMBLE", "IDENTITY_ENSEMBLE"]
 
 ENSEMBLE = "ensemble"
 IDENTITY_ENSEMBLE = "identity_ensemble"
@@ -166,7 +166,8 @@ def _onnx_output_width(onnx_file: str, output: str) -> int:
 
 def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
                            embedding_instances: int = 1, dense_instances: int = 1,
-                           dense_threads: int | None = None, max_queue_delay_us: int = 0) -> Path:
+                           dense_threads: int | None = None, max_queue_delay_us: int = 0,
+                           ps_config_file=None) -> Path:
     """Writes the `hps_embedding` + `dense` + `ensemble` repository for an exported model.
 
     Args:
@@ -178,6 +179,8 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
             machine's cores divided among the dense instances.
         max_queue_delay_us: dynamic batching's queue delay (0: batch only what is already waiting,
             which keeps batch-1 latency lowest).
+        ps_config_file: serve with this HPS JSON instead of the manifest's (the same tables with
+            other tiers, e.g. a Redis volatile DB and a RocksDB persistent DB).
 
     Returns:
         The repository path. The ensemble is served as `ensemble` with inputs EMB_KEY (INT64
@@ -189,6 +192,11 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
     """
     from embedlab.data._atomic import atomic_dir
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    if ps_config_file is not None:
+        ps = Path(ps_config_file).resolve()
+        if not ps.is_file():
+            raise FileNotFoundError(f"ps_config_file {ps} does not exist")
+        m = replace(m, ps_config_file=str(ps))
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     if embedding_instances < 1 or dense_instances < 1:
@@ -244,3 +252,36 @@ def write_identity_repository(repository, *, keys_per_sample: int, max_batch_siz
             [("identity_a", {"INPUT0": "EMB_KEY"}, {"OUTPUT0": "MID"}),
              ("identity_b", {"INPUT0": "MID"}, {"OUTPUT0": "OUTPUT"})]), None)
     return repository
+
+
+def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
+                            persistent_db: dict | None = None, **model_fields) -> Path:
+    """Writes a copy of the exported HPS JSON with other tiers or model settings.
+
+    The same tables (the same sparse files) served through, e.g., Redis and RocksDB:
+
+        >>> write_ps_config_variant(m, "hps_redis.json",                     # doctest: +SKIP
+        ...     volatile_db={"type": "redis_cluster", "address": r.address, "password": r.password},
+        ...     persistent_db={"type": "rocks_db", "path": "/tmp/rocksdb"}, gpucacheper=0.1)
+
+    Args:
+        manifest: a `ServingManifest` or the path of `serving.json` / its folder.
+        path: the JSON file to write (atomically).
+        volatile_db, persistent_db: replace those sections when given.
+        model_fields: fields set on the served model's entry (`gpucacheper`, ...).
+    """
+    from embedlab.data._atomic import atomic_file
+    m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    cfg = json.loads(Path(m.ps_config_file).read_text())
+    if volatile_db is not None:
+        cfg["volatile_db"] = dict(volatile_db)
+    if persistent_db is not None:
+        cfg["persistent_db"] = dict(persistent_db)
+    entries = [e for e in cfg.get("models", []) if e.get("model") == m.model_name]
+    if not entries:
+        raise ValueError(f"{m.ps_config_file} has no model {m.model_name!r}")
+    entries[0].update(model_fields)
+    path = Path(path)
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    return path.resolve()
