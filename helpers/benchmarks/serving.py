@@ -81,16 +81,9 @@ def _inproc(fn, batches, seconds: float) -> dict:
 
 
 def _tf_model(manifest):
-    """A callable keys -> logits over the inference SavedModel (hps.LookupLayer + dense)."""
-    import tensorflow as tf
-    model = tf.saved_model.load(manifest.inference_savedmodel)
-    sig = model.signatures["serving_default"]
-    name = list(sig.structured_input_signature[1].keys())[0]
-    out = list(sig.structured_outputs.keys())[0]
-
-    def run(keys):
-        return sig(**{name: tf.constant(keys)})[out].numpy()
-    return run
+    """keys -> logits through notebook 05's inference SavedModel (hps.LookupLayer + dense)."""
+    from embedlab.serving.reference import TFInferenceModel
+    return TFInferenceModel(manifest).predict
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .repository import ServingManifest, load_manifest
 
-__all__ = ["InProcessModel", "table_keys", "sample_keys"]
+__all__ = ["InProcessModel", "TFInferenceModel", "table_keys", "sample_keys"]
 
 
 class InProcessModel:
@@ -90,3 +90,30 @@ def sample_keys(manifest, batch: int, rng, keys: np.ndarray | None = None) -> np
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     pool = table_keys(m) if keys is None else keys
     return rng.choice(pool, size=(batch, m.keys_per_sample)).astype(np.int64)
+
+
+class TFInferenceModel:
+    """Notebook 05's TensorFlow inference SavedModel (`hps.LookupLayer` + the dense layers).
+
+    Its `serving_default` signature takes `keys` int64 [batch, slot_num] and returns `logits`
+    (and `embeddings`); the HPS layer initialises itself from the `ps_config_file` saved in it.
+    Importing `embedlab.hps` first registers the lookup op's callback with TensorFlow.
+    """
+
+    def __init__(self, manifest, output: str = "logits"):
+        import tensorflow as tf
+        import embedlab.hps  # noqa: F401  (registers the HPS lookup callback for the loaded op)
+        self.manifest = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+        self._tf = tf
+        self.model = tf.saved_model.load(self.manifest.inference_savedmodel)
+        self.signature = self.model.signatures["serving_default"]
+        self._input = list(self.signature.structured_input_signature[1].keys())[0]
+        outs = list(self.signature.structured_outputs.keys())
+        if output not in outs:
+            raise ValueError(f"{self.manifest.inference_savedmodel}: no output {output!r} (it has {outs})")
+        self.output = output
+
+    def predict(self, keys) -> np.ndarray:
+        """int64 [batch, slot_num] -> the model's logits as float32 [batch, 1]."""
+        out = self.signature(**{self._input: self._tf.constant(np.asarray(keys, np.int64))})
+        return out[self.output].numpy()

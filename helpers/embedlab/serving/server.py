@@ -17,6 +17,7 @@ repository of our own `config.pbtxt` files. That needs four things, which `Trito
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
@@ -276,6 +277,9 @@ class TritonServer:
         except OSError as e:
             self._cleanup_files()
             raise TritonServerError(f"could not execute {inst.binary}: {e}. {_FIX}") from None
+        # A server left running when the interpreter exits (a notebook kernel restarted, an
+        # exception between start and stop) is stopped then.
+        atexit.register(self.stop)
         try:
             self._wait_ready()
         except BaseException:
@@ -356,6 +360,7 @@ class TritonServer:
                 except (ProcessLookupError, PermissionError):
                     pass
         self._cleanup_files()
+        atexit.unregister(self.stop)
         return rc
 
     def _cleanup_files(self) -> None:
