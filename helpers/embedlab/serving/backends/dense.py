@@ -29,16 +29,24 @@ class TritonPythonModel:
         path = params["onnx_file"]
         if not os.path.isfile(path):
             raise pb_utils.TritonModelException(f"dense: ONNX file {path} does not exist")
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = int(params.get("intra_op_num_threads", "1"))
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # No spin-waiting: on a small machine the server, the HPS stub and this stub share
-        # the cores, and a spinning pool thread steals them.
-        so.add_session_config_entry("session.intra_op.allow_spinning",
-                                    params.get("allow_spinning", "0"))
+        threads = int(params.get("intra_op_num_threads", "1"))
+        # Batches below this many samples run on a single-threaded session: waking a pool of
+        # threads costs more than it saves there, and it is the tail of batch-1 latency.
+        self.small_batch = int(params.get("single_thread_below", "64"))
+
+        def session(n_threads):
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = n_threads
+            so.inter_op_num_threads = 1
+            so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            # No spin-waiting: on a small machine the server, the HPS stub and this stub share
+            # the cores, and a spinning pool thread steals them.
+            so.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "0"))
+            return ort.InferenceSession(path, sess_options=so, providers=["CPUExecutionProvider"])
+
         try:
-            self.session = ort.InferenceSession(path, sess_options=so, providers=["CPUExecutionProvider"])
+            self.session = session(threads)
+            self.small_session = session(1) if threads > 1 else self.session
         except Exception as e:
             raise pb_utils.TritonModelException(f"dense: onnxruntime cannot load {path}: {e}") from None
         names = {i.name: i for i in self.session.get_inputs()}
@@ -80,7 +88,8 @@ class TritonPythonModel:
             x = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
             x = x.reshape((x.shape[0],) + self.onnx_tail)
             try:
-                y = self.session.run([self.output_name], {self.input_name: x})[0]
+                sess = self.small_session if x.shape[0] < self.small_batch else self.session
+                y = sess.run([self.output_name], {self.input_name: x})[0]
             except Exception as e:
                 for i in good:
                     responses[i] = pb_utils.InferenceResponse(
