@@ -121,7 +121,8 @@ def _free_ports(n: int) -> list[int]:
 _ERROR_LINE = re.compile(r"^E\d{4} |Traceback|Error|error:|failed|UNAVAILABLE|cannot|No such file")
 
 
-_NOISE = ("CudaDriverHelper has not been initialized",)   # the CPU build says so at every start
+_NOISE = ("CudaDriverHelper has not been initialized",      # the CPU build says these at every start
+          "unable to create stream for ensemble: CUDA driver")
 _MODEL_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.*?)(?:\\n|\"$)")
 
 
@@ -240,8 +241,23 @@ class TritonServer:
             raise TritonServerError(f"model repository {repo} holds no <model>/config.pbtxt")
 
     def start(self) -> "TritonServer":
+        """Starts the server and waits until it is ready; returns self.
+
+        Raises `TritonServerError` (with the log's relevant lines) if it cannot start; the
+        process is stopped first. Free ports picked here can be taken by another program
+        before the server binds them: then it tries again with new ones (3 times)."""
         if self.running():
             raise TritonServerError(f"this TritonServer is already running (pid {self.pid})")
+        auto_ports = not all(self._ports)
+        for attempt in range(3):
+            try:
+                return self._start_once()
+            except TritonServerError as e:
+                if not (auto_ports and "already in use" in str(e) and attempt < 2):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "TritonServer":
         _check_numpy()
         inst = find_tritonserver()
         self._check_repository()
@@ -325,8 +341,9 @@ class TritonServer:
         elif "_recursion_count" in text:
             hint = ("\nThe python stub loaded a different libpython than this interpreter's; "
                     "LD_LIBRARY_PATH must start with sysconfig.get_config_var('LIBDIR').")
-        elif "Address already in use" in text:
-            hint = "\nA port was taken between choosing it and binding it; start again."
+        elif "already in use" in text:
+            hint = (f"\nA port is already in use (HTTP {self.http_port}, gRPC {self.grpc_port}, metrics "
+                    f"{self.metrics_port}): stop what holds it, or choose other ports (0 picks free ones).")
         failures = _model_failures(text)
         return (f"{head}.\n" + (failures + "\n" if failures else "") +
                 f"Log {self.log_file}, relevant lines:\n{_relevant_lines(text)}{hint}")
