@@ -201,6 +201,15 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     if embedding_instances < 1 or dense_instances < 1:
         raise ValueError("embedding_instances and dense_instances must be >= 1")
+    if embedding_instances > 1:
+        # Each instance is its own process with its own ParameterServer; RocksDB lets one
+        # process open a database for writing.
+        per = json.loads(Path(m.ps_config_file).read_text()).get("persistent_db", {})
+        if per.get("type") == "rocks_db" and not per.get("read_only", False):
+            raise ValueError(
+                f"embedding_instances={embedding_instances} with the writable RocksDB at {per.get('path')} "
+                f"({m.ps_config_file}): each instance opens it and RocksDB allows one writer; use one "
+                "instance, or set persistent_db.read_only")
     if dense_threads is None:
         dense_threads = max(1, (os.cpu_count() or 1) // dense_instances)
     out_width = _onnx_output_width(m.onnx_file, m.onnx_output)
