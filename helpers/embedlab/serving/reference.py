@@ -97,12 +97,13 @@ class TFInferenceModel:
 
     Its `serving_default` signature takes `keys` int64 [batch, slot_num] and returns `logits`
     (and `embeddings`); the HPS layer initialises itself from the `ps_config_file` saved in it.
-    Importing `embedlab.hps` first registers the lookup op's callback with TensorFlow.
+    The HPS op library and its lookup callback are registered before the SavedModel loads.
     """
 
     def __init__(self, manifest, output: str = "logits"):
         import tensorflow as tf
-        import embedlab.hps  # noqa: F401  (registers the HPS lookup callback for the loaded op)
+        from embedlab.hps import register_tf_callback
+        register_tf_callback()     # loads the op library (EmbedLabHpsLookup) and its lookup callback
         self.manifest = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
         self._tf = tf
         self.model = tf.saved_model.load(self.manifest.inference_savedmodel)
