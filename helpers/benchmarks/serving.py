@@ -5,7 +5,8 @@ In one run, on notebook 05's export (`<DATA_DIR>/hps_triton/serving.json`):
 1. the ceiling: a two-model identity ensemble (python backend, no work) at batch 1 and 1,024;
 2. the served `ensemble` (hps_embedding -> dense) at batch 1 and 1,024, 1 and 4 concurrent clients;
 3. the same two steps in this process, no server: `ParameterServer.lookup`, then onnxruntime
-   (`embedlab.serving.InProcessModel`), one caller;
+   (`embedlab.serving.InProcessModel`), one caller, onnxruntime on one thread and on all cores
+   (the faster one is the reference for the served/in-process ratio);
 4. the TensorFlow inference SavedModel (`hps.LookupLayer` + the dense layers) in this process.
 
 Load comes from perf_analyzer when the tritonclient install provides one that runs here; the
@@ -96,6 +97,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     manifest = load_manifest(args.export)
+    load_start = os.getloadavg()[0]
     k = manifest.keys_per_sample
     rng = np.random.default_rng(0)
     pool = table_keys(manifest)
@@ -165,13 +167,15 @@ def main(argv=None) -> int:
           f"(best of 1 and 4 clients); identity ceiling {by[('identity ensemble (ceiling)', 1024, 1)]['rows_per_s']:,.0f} rows/s")
     b1 = by[("served ensemble", 1, 1)]
     print(f"batch 1, one client: p50 {b1['p50_ms']:.3f} ms, p99 {b1['p99_ms']:.3f} ms")
+    print(f"machine load (1-min average): {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end, "
+          f"on {os.cpu_count()} cores")
 
     date = datetime.date.today().isoformat()
     machine = f"{platform.machine()}_{os.cpu_count()}cpu"
     out = args.out or HERE / "results" / f"serving_{machine}_{date}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     load1 = os.getloadavg()[0]
-    res = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "loadavg_1min_at_end": load1,
+    res = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "loadavg_1min_at_start": load_start, "loadavg_1min_at_end": load1,
                        "python": platform.python_version()},
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "command": " ".join([Path(sys.executable).name, *sys.argv]),
