@@ -86,8 +86,13 @@ def table_keys(manifest) -> np.ndarray:
 
 
 def sample_keys(manifest, batch: int, rng, keys: np.ndarray | None = None) -> np.ndarray:
-    """int64 [batch, keys_per_sample] drawn uniformly from the served table's keys."""
+    """int64 [batch, keys_per_sample] like the model's data: slot s drawn uniformly from
+    `vocabulary_range_per_slot[s]` when the manifest has it (one key per slot), else every key
+    drawn uniformly from the served table's keys."""
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    ranges = m.extra.get("vocabulary_range_per_slot")
+    if ranges and len(ranges) == m.keys_per_sample:
+        return np.stack([rng.integers(lo, hi, batch) for lo, hi in ranges], axis=1).astype(np.int64)
     pool = table_keys(m) if keys is None else keys
     return rng.choice(pool, size=(batch, m.keys_per_sample)).astype(np.int64)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 __all__ = ["ServingManifest", "load_manifest", "write_model_repository",
@@ -45,6 +45,7 @@ class ServingManifest:
     dense_savedmodel: str
     inference_savedmodel: str
     path: str = ""          # the manifest file itself (filled in by load_manifest)
+    extra: dict = field(default_factory=dict, compare=False, repr=False)   # other fields of serving.json
 
 
 def load_manifest(path) -> ServingManifest:
@@ -67,7 +68,7 @@ def load_manifest(path) -> ServingManifest:
         raise ValueError(f"{path} is not valid JSON: {e}") from None
     kw = {}
     for f in fields(ServingManifest):
-        if f.name == "path":
+        if f.name in ("path", "extra"):
             continue
         if f.name not in raw:
             raise ValueError(f"{path}: field {f.name!r} is missing")
@@ -78,7 +79,8 @@ def load_manifest(path) -> ServingManifest:
         if want is str and not isinstance(v, str):
             raise ValueError(f"{path}: field {f.name!r} = {v!r} is not a string")
         kw[f.name] = v
-    m = ServingManifest(**kw, path=str(path.resolve()))
+    m = ServingManifest(**kw, path=str(path.resolve()),
+                        extra={k: v for k, v in raw.items() if k not in kw})
     if m.emb_vec_size < 1 or m.keys_per_sample < 1:
         raise ValueError(f"{path}: emb_vec_size and keys_per_sample must be >= 1")
     for name in ("ps_config_file", "onnx_file"):
@@ -235,7 +237,8 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
             [("DENSE_OUTPUT", "TYPE_FP32", [out_width])],
             [("hps_embedding", {"KEYS": "EMB_KEY", "NUMKEYS": "EMB_N_KEY"}, {"OUTPUT0": "LOOKUP_VECTORS"}),
              ("dense", {"LOOKUP_VECTORS": "LOOKUP_VECTORS"}, {"DENSE_OUTPUT": "DENSE_OUTPUT"})]), None)
-        (tmp / "serving.json").write_text(json.dumps(asdict(m), indent=2) + "\n")
+        record = {k: v for k, v in asdict(m).items() if k != "extra"}
+        (tmp / "serving.json").write_text(json.dumps({**m.extra, **record}, indent=2) + "\n")
     return repository
 
 
