@@ -142,3 +142,16 @@ def test_repository_writer_refuses_bad_onnx_output(export_dir, tmp_path):
     with pytest.raises(ValueError, match="has no output 'nope'"):
         write_model_repository(bad, tmp_path / "repo")
     assert not (tmp_path / "repo").exists()
+
+
+def test_table_dim_disagreeing_with_manifest_is_named(export_dir, tmp_path):
+    exp = _copy_export(export_dir, tmp_path / "export")
+    raw = json.loads((exp / "serving.json").read_text())
+    raw["emb_vec_size"] = raw["emb_vec_size"] // 2
+    (exp / "serving.json").write_text(json.dumps(raw))
+    repo = write_model_repository(exp, tmp_path / "repo", max_batch_size=MAX_BATCH)
+    s = TritonServer(repo, log_file=tmp_path / "t.log", ready_timeout_s=60)
+    with pytest.raises(TritonServerError, match=r"(?s)model 'hps_embedding' failed to load.*has dim \d+, "
+                                                r"but config.pbtxt says emb_vec_size"):
+        s.start()
+    assert _gone(s)

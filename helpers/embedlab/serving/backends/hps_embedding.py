@@ -45,12 +45,16 @@ class TritonPythonModel:
         self.max_batch_size = int(config["max_batch_size"])
         from embedlab.hps import ParameterServer   # no TensorFlow: keeps the stub light
         self.ps = ParameterServer(params["ps_config_file"])
-        probe = self.ps.lookup(self.model_name, self.table_id, np.zeros(1, np.int64))
-        if probe.shape != (1, self.dim) or probe.dtype != np.float32:
+        try:
+            info = self.ps.table_info(self.model_name, self.table_id)
+        except Exception as e:
             raise pb_utils.TritonModelException(
-                f"hps_embedding: the HPS returns vectors of shape {probe.shape[1:]} and dtype {probe.dtype} "
-                f"for model {self.model_name!r} table {self.table_id}, but config.pbtxt says "
-                f"emb_vec_size {self.dim} (float32)")
+                f"hps_embedding: {params['ps_config_file']} does not serve model {self.model_name!r} "
+                f"table {self.table_id}: {e}") from None
+        if int(info["dim"]) != self.dim:
+            raise pb_utils.TritonModelException(
+                f"hps_embedding: the HPS table {info.get('name')} has dim {info['dim']}, but config.pbtxt "
+                f"says emb_vec_size {self.dim}")
         self._family = pb_utils.MetricFamily(
             name="embedlab_hps_stat", description="embedlab.hps ParameterServer.stats() entries",
             kind=pb_utils.MetricFamily.GAUGE)
