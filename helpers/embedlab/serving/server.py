@@ -64,11 +64,12 @@ def find_tritonserver() -> TritonInstall:
         raise TritonServerError(
             f"the tritonserver binary in nvidia-pytriton runs on Linux only (this is {sys.platform}); "
             "serve from a Linux machine or the project's Docker image")
-    try:
-        import pytriton  # noqa: F401  (only its location is needed)
-    except ImportError as e:
-        raise TritonServerError(f"the `pytriton` package is not installed ({e}). {_FIX}") from None
-    pkg = Path(pytriton.__file__).resolve().parent
+    import importlib.util
+    # Located, not imported: importing pytriton loads its whole client stack (aiohttp, ...).
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonServerError(f"the `pytriton` package is not installed. {_FIX}")
+    pkg = Path(list(spec.submodule_search_locations)[0]).resolve()
     root = pkg / "tritonserver"
     binary = root / "bin" / "tritonserver"
     backend = root / "backends" / "python"
