@@ -51,15 +51,21 @@ from embedlab.serving.reference import sample_keys, table_keys  # noqa: E402
 
 
 def _perf_analyzer():
-    exe = shutil.which("perf_analyzer")
-    if not exe:
-        return None
+    """perf_analyzer from PATH or the tritonclient install, if one runs here; else None."""
     import subprocess
+    cands = [shutil.which("perf_analyzer")]
     try:
-        subprocess.run([exe, "--help"], capture_output=True, timeout=10, check=False)
-        return exe
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+        import tritonclient
+        cands += [str(p) for p in Path(tritonclient.__file__).parent.rglob("perf_analyzer")]
+    except ImportError:
+        pass
+    for exe in filter(None, cands):
+        try:
+            if subprocess.run([exe, "--version"], capture_output=True, timeout=10).returncode == 0:
+                return exe
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return None
 
 
 def _inproc(fn, batches, seconds: float) -> dict:
@@ -103,11 +109,13 @@ def main(argv=None) -> int:
     pool = table_keys(manifest)
     batches = {b: [sample_keys(manifest, b, rng, pool) for _ in range(32)] for b in (1, 1024)}
     pa = _perf_analyzer()
-    load_tool = f"perf_analyzer ({pa})" if pa else "embedlab.serving.run_load (tritonclient HTTP, threads)"
-    print(f"load generator: {load_tool}")
+    load_tool = "embedlab.serving.run_load (tritonclient HTTP, threads)"
     if pa:
-        print("note: perf_analyzer found, but this script drives the tritonclient generator for "
-              "comparable numbers across machines")
+        print(f"perf_analyzer found at {pa}; this script still drives embedlab.serving.run_load so that "
+              "every point of the table comes from one generator")
+    else:
+        print("perf_analyzer: not provided by this tritonclient install; using embedlab.serving.run_load")
+    print(f"load generator: {load_tool}")
 
     work = Path(tempfile.mkdtemp(prefix="embedlab-serving-bench-"))
     repo = write_model_repository(manifest, work / "repository", max_batch_size=1024)
