@@ -19,6 +19,7 @@
 #include "tensorflow/core/platform/blocking_counter.h"
 
 #include "hash_table.h"
+#include "tf_pool.h"
 
 namespace tensorflow {
 namespace embedlab_tf {
@@ -44,44 +45,7 @@ namespace {
 
 using embedlab_tf::HashTableResource;
 
-// TensorFlow's intra-op pool behind the core ThreadPool interface: the calling thread plus
-// threads - 1 helpers take equal contiguous blocks (8 per thread, so a late thread's share is
-// taken over by the others); run inline when called from one of the pool's own threads.
-class TfHashPool final : public embedlab::ThreadPool {
- public:
-  explicit TfHashPool(OpKernelContext* ctx) : pool_(ctx->device()->tensorflow_cpu_worker_threads()->workers) {}
-  int num_threads() const override { return pool_->NumThreads(); }
-  void parallel_for(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) override {
-    if (n <= 0) return;
-    const int threads = pool_->NumThreads();
-    if (threads <= 1 || n * std::max<int64_t>(cost, 1) < 20000 || pool_->CurrentThreadId() >= 0) {
-      fn(0, n);
-      return;
-    }
-    const int64_t blocks = std::min<int64_t>(int64_t{threads} * 8, n);
-    const int64_t per = (n + blocks - 1) / blocks;
-    std::atomic<int64_t> next{0};
-    auto work = [&] {
-      for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < blocks;) {
-        const int64_t lo = i * per, hi = std::min(n, lo + per);
-        if (lo < hi) fn(lo, hi);
-      }
-    };
-    const int helpers = static_cast<int>(std::min<int64_t>(threads - 1, blocks - 1));
-    BlockingCounter done(helpers);
-    for (int h = 0; h < helpers; ++h) {
-      pool_->Schedule([&] {
-        work();
-        done.DecrementCount();
-      });
-    }
-    work();
-    done.Wait();
-  }
-
- private:
-  thread::ThreadPool* pool_;
-};
+using embedlab_tf::TfPool;
 
 // Runs a core call; the core throws only when memory runs out (std::bad_alloc) or a table would
 // pass HashTable::kMaxKeys (std::length_error): reported as op errors, never as a crash.
@@ -178,7 +142,7 @@ class HashTableFindOp : public OpKernel {
     const Tensor& keys = ctx->input(1);
     Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &values));
-    TfHashPool pool(ctx);
+    TfPool pool(ctx);
     CoreCall(ctx, t->name(), [&] {
       t->table().find(keys.flat<int64_t>().data(), keys.NumElements(), values->flat<int64_t>().data(), &pool);
     });
@@ -201,7 +165,7 @@ class HashTableFindOrInsertOp : public OpKernel {
                 errors::InvalidArgument(type_string(), ": max_size must be >= 0 (0 = unlimited), got ", max_size));
     Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &values));
-    TfHashPool pool(ctx);
+    TfPool pool(ctx);
     const int64_t* k = keys.flat<int64_t>().data();
     const int64_t n = keys.NumElements();
     int64_t bad_key = 0, inserted = 0;
