@@ -9,7 +9,7 @@ import pytest
 
 from embedlab.hps import ParameterServer
 from embedlab.hps.config import VolatileDBConfig
-from embedlab.hps.tiers import RedisTier, TierError, TierUnavailable
+from embedlab.hps.tiers import RedisTier, TierError
 
 from hps_testing import Table, needs_native_tiers, redis_cluster, redis_server  # noqa: F401 (fixtures)
 
