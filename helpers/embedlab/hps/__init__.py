@@ -39,6 +39,9 @@ def __getattr__(name):
     if name in ("LookupLayer", "SparseLookupLayer"):
         from . import layers
         return getattr(layers, name)
+    if name in ("redis", "export", "demo", "layers", "tiers"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'embedlab.hps' has no attribute {name!r}")
 
 
