@@ -46,4 +46,10 @@ def __getattr__(name):
 
 
 if "tensorflow" in sys.modules:
-    register_tf_callback()
+    from .._native import NativeLibraryError
+    try:
+        register_tf_callback()
+    except NativeLibraryError as _e:
+        # The server works without the op library; the layers raise this error when used.
+        import logging
+        logging.getLogger("embedlab.hps").warning("HPS layers unavailable in this process: %s", _e)
