@@ -148,8 +148,11 @@ def tier_hash_map(w, args):
     return rows
 
 
-# The redis and rocks_db tiers register here too (same signature).
 TIERS = {"baseline": tier_baseline, "cache": tier_cache, "hash_map": tier_hash_map}
+# The database tiers (redis with its redis-benchmark and GET-loop baselines, rocks_db): hps_db.py.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hps_db  # noqa: E402
+TIERS.update(hps_db.make_tiers(time_calls, result, check_rows))
 
 
 # ---- workloads ------------------------------------------------------------------------------------

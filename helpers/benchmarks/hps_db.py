@@ -179,11 +179,10 @@ def make_tiers(time_calls, result, check_rows) -> dict:
     ``w.batch``) and returns result rows; the Redis rows include ``redis-benchmark`` pipelined MGET
     of the same value size and a loop of single GETs, measured on the same server.
     """
-    from embedlab.hps.config import PersistentDBConfig, VolatileDBConfig
-    from embedlab.hps.redis import start_redis
-    from embedlab.hps.tiers import RedisTier, RocksDBTier
-
     def tier_redis(w, args):
+        from embedlab.hps.config import VolatileDBConfig
+        from embedlab.hps.redis import start_redis
+        from embedlab.hps.tiers import RedisTier
         server = start_redis()
         try:
             rb = 4 * w.dim
@@ -223,6 +222,8 @@ def make_tiers(time_calls, result, check_rows) -> dict:
 
     def tier_rocks_db(w, args):
         import shutil
+        from embedlab.hps.config import PersistentDBConfig
+        from embedlab.hps.tiers import RocksDBTier
         work = Path(tempfile.mkdtemp(prefix="embedlab-bench-rocks-"))
         try:
             tier = RocksDBTier(PersistentDBConfig(type="rocks_db", path=str(work / "db"), max_batch_size=65536))

@@ -39,8 +39,17 @@ def __getattr__(name):
     if name in ("LookupLayer", "SparseLookupLayer"):
         from . import layers
         return getattr(layers, name)
+    if name in ("redis", "export", "demo", "layers", "tiers"):
+        import importlib
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'embedlab.hps' has no attribute {name!r}")
 
 
 if "tensorflow" in sys.modules:
-    register_tf_callback()
+    from .._native import NativeLibraryError
+    try:
+        register_tf_callback()
+    except NativeLibraryError as _e:
+        # The server works without the op library; the layers raise this error when used.
+        import logging
+        logging.getLogger("embedlab.hps").warning("HPS layers unavailable in this process: %s", _e)

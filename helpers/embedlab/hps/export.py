@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np

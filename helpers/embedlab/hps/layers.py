@@ -16,6 +16,7 @@ This is the only module of :mod:`embedlab.hps` that imports TensorFlow.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import numpy as np
@@ -122,7 +123,11 @@ class LookupLayer(tf.keras.layers.Layer):
         super().__init__(trainable=False, **kwargs)
         self.model_name, self.table_id, self.emb_vec_size = model_name, table_id, emb_vec_size
         self.emb_vec_dtype = tf.float32
-        self.ps_config_file, self.global_batch_size = str(ps_config_file), global_batch_size
+        # An existing relative path is stored absolute: a SavedModel may be loaded from another folder.
+        ps_config_file = str(ps_config_file)
+        if ps_config_file and not os.path.isabs(ps_config_file) and os.path.exists(ps_config_file):
+            ps_config_file = os.path.abspath(ps_config_file)
+        self.ps_config_file, self.global_batch_size = ps_config_file, global_batch_size
 
     def call(self, inputs, max_norm=None):
         emb = hps_lookup(inputs, self.model_name, self.table_id, self.emb_vec_size, self.ps_config_file,

@@ -9,13 +9,13 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..sparse_model import read_sparse_model
 from .config import HPSConfig, load_config
-from .tiers import CacheTier, HashMapTier, RedisTier, RocksDBTier, TierError, TierUnavailable
+from .tiers import CacheTier, HashMapTier, RedisTier, RocksDBTier, TierUnavailable
 
 log = logging.getLogger("embedlab.hps")
 

@@ -3,7 +3,6 @@ import copy
 import json
 import logging
 
-import numpy as np
 import pytest
 
 import embedlab.hps as hps

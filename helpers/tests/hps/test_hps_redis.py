@@ -9,7 +9,7 @@ import pytest
 
 from embedlab.hps import ParameterServer
 from embedlab.hps.config import VolatileDBConfig
-from embedlab.hps.tiers import RedisTier, TierError, TierUnavailable
+from embedlab.hps.tiers import RedisTier, TierError
 
 from hps_testing import Table, needs_native_tiers, redis_cluster, redis_server  # noqa: F401 (fixtures)
 
@@ -144,3 +144,13 @@ def test_cluster_node_killed_lookups_stay_exact(redis_cluster, tmp_path):
         time.sleep(0.15)
     assert ps.stats()["tiers"]["volatile"]["errors"] > 0
     ps.close()
+
+
+def test_local_redis_is_loopback_only_with_a_password(redis_server):
+    c = redis_server.client()
+    assert c.config_get("bind")["bind"] == "127.0.0.1"
+    assert c.config_get("requirepass")["requirepass"] == redis_server.password != ""
+    assert c.config_get("save")["save"] == "" and c.config_get("appendonly")["appendonly"] == "no"
+    import redis
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(host="127.0.0.1", port=redis_server.port, password="not-it").ping()

@@ -232,3 +232,21 @@ def test_update_never_loses_to_a_queued_background_insert(tmp_path):
         for k, v in zip(q, new):
             tab.oracle[int(k)] = v
     ps.close()
+
+
+def test_init_once_per_file_and_shutdown(tmp_path):
+    import json
+
+    import embedlab.hps as hps
+    tab = Table(tmp_path / "t", n=20, dim=4)
+    path = tmp_path / "hps.json"
+    path.write_text(json.dumps(_cfg({("i", "t"): tab}, persistent={"type": "rocks_db", "path": str(tmp_path / "db")})))
+    try:
+        ps = hps.Init(8, str(path))
+        assert hps.init(8, str(path)) is ps and hps.get_server() is ps and hps.get_server(str(path)) is ps
+        assert np.array_equal(ps.lookup("i", 0, tab.keys), tab.vectors)
+    finally:
+        hps.shutdown()
+    assert hps.servers() == {}
+    with pytest.raises(RuntimeError, match="no parameter server"):
+        hps.get_server()
