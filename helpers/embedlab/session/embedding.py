@@ -6,7 +6,7 @@ any int64 key to a row of a working table of `max_vocabulary_size_per_gpu` rows:
 concurrent `HashTable` (`embedlab._native.core().HashTable`) gives each new key the next free
 row; a batch whose new keys would pass the capacity is refused (nothing inserted) with an error
 naming the key, its slot and the file list. A key's initial vector depends only on the seed,
-the embedding and the key (a counter-based hash, uniform in [-1/sqrt(vec), 1/sqrt(vec)]), so
+the embedding and the key (a counter-based hash, uniform in [-0.05, 0.05] as HugeCTR's), so
 the same key starts from the same vector whichever row it lands in: this is what makes
 oversubscribed training give the same tables as training with the whole table in memory.
 
@@ -56,8 +56,8 @@ _M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np
 
 
 def init_values(keys, vec: int, seed: int, emb_index: int) -> np.ndarray:
-    """Initial rows of `keys`: uniform in [-1/sqrt(vec), 1/sqrt(vec)], a function of
-    (seed, embedding, key, column) only (splitmix64)."""
+    """Initial rows of `keys`: uniform in [-0.05, 0.05] (HugeCTR's hash-embedding range), a
+    function of (seed, embedding, key, column) only (splitmix64)."""
     keys = np.asarray(keys, np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         salt = np.uint64((int(seed) * 0x632BE59BD9B4E019 + (emb_index + 1) * 0x8CB92BA72F3D8DD7) % (1 << 64))
@@ -66,8 +66,7 @@ def init_values(keys, vec: int, seed: int, emb_index: int) -> np.ndarray:
         z = (z ^ (z >> np.uint64(27))) * _M3
         z = z ^ (z >> np.uint64(31))
     u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
-    bound = 1.0 / np.sqrt(vec)
-    return ((2.0 * u - 1.0) * bound).astype(np.float32)
+    return ((2.0 * u - 1.0) * 0.05).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------
@@ -112,14 +111,25 @@ class TFOptimizer:
         return w - lr * g, []
 
     def apply_dense(self, grads, variables, slots, lr, t):
+        """Dense update of every variable; one XLA-compiled function per variable (the element-wise
+        rule fused into one pass over the weights and their state)."""
         for g, w, sl in zip(grads, variables, slots):
             if g is None:
                 continue
-            g = tf.convert_to_tensor(g)
-            nw, ns = self.rule(w, g, [x for x in sl], lr, t)
-            w.assign(nw)
-            for var, val in zip(sl, ns):
-                var.assign(val)
+            self._dense_fn(w, sl)(tf.convert_to_tensor(g), lr, t)
+
+    def _dense_fn(self, w, sl):
+        key = id(w)
+        cache = self.__dict__.setdefault("_fns", {})
+        if key not in cache:
+            def update(g, lr, t):
+                nw, ns = self.rule(w.read_value(), g, [x.read_value() for x in sl], lr, t)
+                w.assign(nw)
+                for var, val in zip(sl, ns):
+                    var.assign(val)
+                return tf.constant(0)
+            cache[key] = tf.function(update, jit_compile=True, autograph=False)
+        return cache[key]
 
     def apply_rows(self, idx, g, table, slots, lr, t):
         """Local / LazyGlobal: update rows idx (unique) only."""
@@ -129,14 +139,12 @@ class TFOptimizer:
         for var, val in zip(slots, ns):
             var.scatter_update(tf.IndexedSlices(val, idx))
 
-    def apply_prefix(self, idx, g, table, slots, lr, t, n):
-        """Global: every row in use (rows [0, n)) is updated, untouched ones with a zero gradient."""
-        dense_g = tf.scatter_nd(idx[:, None], g, tf.stack([n, tf.shape(g, out_type=tf.int64)[1]]))
-        w = table[:n]
-        nw, ns = self.rule(w, dense_g, [s[:n] for s in slots], lr, t)
-        table[:n].assign(nw)
-        for var, val in zip(slots, ns):
-            var[:n].assign(val)
+    def apply_global(self, idx, g, table, slots, lr, t):
+        """Global: every row is updated, untouched ones with a zero gradient. Rows no key ever
+        reached have zero state and a zero gradient, which these rules leave unchanged, so the
+        update runs over the whole table: one static shape, one XLA-fused pass."""
+        dense_g = tf.scatter_nd(idx[:, None], g, tf.shape(table, out_type=tf.int64))
+        self._dense_fn(table, slots)(dense_g, lr, t)
 
 
 def lr_at(spec: OptimizerSpec, step: int) -> float:
@@ -211,8 +219,9 @@ class HostStore:
             if mm is not None and hasattr(mm, "madvise"):
                 mm.madvise(mmap.MADV_DONTNEED)
 
-    def rows_for(self, keys, slots=None) -> np.ndarray:
-        """Store rows of keys, creating (initialized) rows for new keys."""
+    def rows_for(self, keys, slots=None, init: bool = True) -> np.ndarray:
+        """Store rows of unique `keys`, creating rows for new keys (initialized unless `init` is
+        False: the caller writes them at once)."""
         keys = np.asarray(keys, np.int64)
         before = len(self)
         rows = self.index.find_or_insert(keys)
@@ -220,18 +229,15 @@ class HostStore:
         if after > before:
             self._grow(after)
             new = rows >= before
-            nk, nr = keys[new], rows[new]
-            u, first = np.unique(nr, return_index=True)
-            order = np.argsort(u)
-            nr, nk = u[order], nk[first][order]
-            for a in range(0, len(nr), _CHUNK):
-                r = nr[a:a + _CHUNK]
-                self.values[r] = init_values(nk[a:a + _CHUNK], self.vec, self.seed, self.emb_index)
-                if self.sw:
-                    self.state[r] = 0.0
+            if init:
+                nr, nk = rows[new], keys[new]
+                for a in range(0, len(nr), _CHUNK):
+                    r = nr[a:a + _CHUNK]
+                    self.values[r] = init_values(nk[a:a + _CHUNK], self.vec, self.seed, self.emb_index)
+                    if self.sw:
+                        self.state[r] = 0.0
             if slots is not None:
-                self.slot_ids[nr] = np.asarray(slots)[new][first][order]
-            self._release()
+                self.slot_ids[rows[new]] = np.asarray(slots)[new]
         return rows
 
     def find(self, keys) -> np.ndarray:
@@ -431,6 +437,8 @@ class Embedding:
             self.table.scatter_update(tf.IndexedSlices(vectors, keys))
             return
         if self.oversub:
+            if len(np.unique(keys)) != len(keys):
+                raise KeyError_(f"embedding {self.name!r}: the stored model repeats keys")
             rows = self.store.rows_for(keys, slot_ids)
             for a in range(0, len(keys), _CHUNK):
                 self.store.values[rows[a:a + _CHUNK]] = vectors[a:a + _CHUNK]
@@ -481,7 +489,7 @@ class Embedding:
             keys = self.row_keys[:n].copy()
             slots = self.row_slots[:n].copy()
         moved = 0
-        srows = self.store.rows_for(keys, slots)
+        srows = self.store.rows_for(keys, slots, init=False)      # every row is written below
         for a in range(0, n, _CHUNK):
             b = min(a + _CHUNK, n)
             vals = self.table[a:b].numpy()
@@ -557,6 +565,6 @@ class Embedding:
         self.tfopt.step.assign_add(1)
         t = self.tfopt.step
         if self.spec.optimizer.update_type == "Global" and self.spec.optimizer.type != "SGD":
-            self.tfopt.apply_prefix(idx, g, self.table, self.slots, lr, t, used_rows)
+            self.tfopt.apply_global(idx, g, self.table, self.slots, lr, t)
         else:
             self.tfopt.apply_rows(idx, g, self.table, self.slots, lr, t)

@@ -123,6 +123,16 @@ def auc(labels, scores) -> float:
     return float((ranks[labels].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
+def _malloc_trim():
+    """Gives the heap memory freed by a pass switch (and by the reader thread's arena) back to
+    the OS, so that the resident set tracks the working set (glibc only; a no-op elsewhere)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 @tf.custom_gradient
 def _scale_grad(x, s):
     def grad(dy):
@@ -167,6 +177,7 @@ class ModelOversubscriber:
             moved += e.load_keyset(keys, [str(f) for f in files])
         dt = time.perf_counter() - t0
         self.switches.append({"bytes": moved, "seconds": dt, "keys": int(len(keys))})
+        _malloc_trim()
         return moved
 
 
@@ -421,6 +432,7 @@ class Session:
                      tf.constant(e.watermark, tf.int64)]
         self._loss = self._train_fn(*args)
         self.iteration += 1
+        self.last_batch_size = len(batch)
         return True
 
     def get_current_loss(self) -> float:
