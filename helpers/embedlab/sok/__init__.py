@@ -13,7 +13,10 @@ Start N local workers with `python -m embedlab.sok.launch -n N script.py`.
 from __future__ import annotations
 
 from ._context import context, init, num_workers, rank
+from .dump import assign, dump, export, gather, load
 from .lookup import all2all_dense_embedding, lookup_sparse
+from .optimizer import OptimizerWrapper
 from .variable import Variable
 
-__all__ = ["init", "context", "rank", "num_workers", "Variable", "lookup_sparse", "all2all_dense_embedding"]
+__all__ = ["init", "context", "rank", "num_workers", "Variable", "lookup_sparse", "all2all_dense_embedding",
+           "OptimizerWrapper", "dump", "load", "export", "assign", "gather"]
