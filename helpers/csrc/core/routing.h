@@ -4,7 +4,8 @@
 // T tables' keys arrive concatenated: keys[table_offsets[t] .. table_offsets[t+1]) belong to
 // table t. Each table has an owner rule (RouteMode):
 //   kDistributed   key k lives on worker k % n as local row k / n     (0 <= k < rows)
-//   kLocalized     the whole table lives on worker `rank`, local row k (0 <= k < rows)
+//   kLocalized     the whole table lives on worker `rank`, local row k (0 <= k < rows; any
+//                  key but -1 when rows < 0: a localized hash table)
 //   kHashed        any int64 key, worker floormod(k, n), sent as the key itself (dynamic tables)
 // Key -1 is padding: it goes nowhere and its inverse is -1. Any other key outside the rule's
 // range is "bad": the first one in input order is reported and nothing else is meaningful.
@@ -31,7 +32,7 @@ enum class RouteMode : int32_t { kDistributed = 0, kLocalized = 1, kHashed = 2 }
 
 struct RouteTable {
   RouteMode mode = RouteMode::kDistributed;
-  int64_t rows = 0;   // global rows (kDistributed, kLocalized); ignored for kHashed
+  int64_t rows = 0;   // global rows (kDistributed, kLocalized; < 0: any key for kLocalized); unused for kHashed
   int32_t rank = 0;   // owner (kLocalized)
 };
 
@@ -64,7 +65,7 @@ inline bool route_one(const RouteTable& t, int32_t n, int64_t key, int32_t* owne
       *local = key / n;
       return true;
     case RouteMode::kLocalized:
-      if (key < 0 || key >= t.rows) return false;
+      if (t.rows >= 0 && (key < 0 || key >= t.rows)) return false;
       *owner = t.rank;
       *local = key;
       return true;

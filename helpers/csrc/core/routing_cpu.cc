@@ -26,7 +26,7 @@ std::string check_route_args(const RouteArgs& a) {
     if (rt.mode == RouteMode::kLocalized && (rt.rank < 0 || rt.rank >= a.num_workers))
       return "table " + std::to_string(t) + " is localized on rank " + std::to_string(rt.rank) + " but there are " +
              std::to_string(a.num_workers) + " workers";
-    if (rt.mode != RouteMode::kHashed && rt.rows < 0)
+    if (rt.mode == RouteMode::kDistributed && rt.rows < 0)
       return "table " + std::to_string(t) + " has a negative row count";
   }
   return "";

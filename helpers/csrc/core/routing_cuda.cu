@@ -33,13 +33,16 @@ __device__ __forceinline__ bool route_dev(const DevTable& t, int32_t n, int64_t 
     *local = key;
     return true;
   }
-  if (key < 0 || key >= t.rows) return false;
-  if (t.mode == 0) {
-    *owner = static_cast<int32_t>(key % n);
-    *local = key / n;
-  } else {
+  if (t.mode == 1) {
+    if (t.rows >= 0 && (key < 0 || key >= t.rows)) return false;
     *owner = t.rank;
     *local = key;
+    return true;
+  }
+  if (key < 0 || key >= t.rows) return false;
+  {
+    *owner = static_cast<int32_t>(key % n);
+    *local = key / n;
   }
   return true;
 }

@@ -41,11 +41,27 @@ def _lib():
     return _native.tf_ops()
 
 
+def _hashed(p) -> bool:
+    """A table indexed by a hash table (DynamicVariable, or a first-generation layer with
+    use_hashtable=True): any int64 key, mapped to a row by its owner."""
+    return getattr(p, "hash_index", None) is not None
+
+
+def _rows_for(p, keys):
+    """Row indices of `keys` (no -1 among them) in the owner's table p."""
+    if hasattr(p, "prepare_rows"):
+        return p.prepare_rows(keys)
+    return p.hash_index.lookup_index(keys)
+
+
 def _route_attrs(params, n):
     modes, rows, ranks = [], [], []
     for v in params:
-        if getattr(v, "is_dynamic", False):
-            modes.append(2); rows.append(-1); ranks.append(0)
+        if _hashed(v):
+            if v.kind == "localized":
+                modes.append(1); rows.append(-1); ranks.append(v.target_rank)
+            else:
+                modes.append(2); rows.append(-1); ranks.append(0)
         elif v.kind == "distributed":
             modes.append(0); rows.append(v.global_shape[0]); ranks.append(0)
         else:
@@ -83,8 +99,16 @@ def _as_csr_list(sp_ids, sp_weights, where):
 
 
 def _local_lookup(shards, csr, combiners):
-    """One worker: the fused lookup of the shards themselves (keys are the local rows)."""
-    ids = [tf.RaggedTensor.from_row_splits(k, s, validate=False) for s, k, _ in csr]
+    """One worker: the fused lookup of the shards themselves (keys are the local rows, or
+    looked up in the table's hash index)."""
+    ids = []
+    for p, (s, k, _) in zip(shards, csr):
+        if _hashed(p):
+            valid = tf.not_equal(k, -1)
+            pos = tf.where(valid)
+            rows = _rows_for(p, tf.boolean_mask(k, valid))
+            k = tf.tensor_scatter_nd_update(tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(-1, tf.int64)), pos, rows)
+        ids.append(tf.RaggedTensor.from_row_splits(k, s, validate=False))
     ws = None
     if csr[0][2] is not None:
         ws = [tf.RaggedTensor.from_row_splits(w, s, validate=False) for s, _, w in csr]
@@ -101,12 +125,8 @@ def _owner_lookup(params, recv, mine, n, P, dim):
     flat = tf.reshape(recv, [-1])
     keys_t = tf.dynamic_partition(flat, tid, T + 1)
     idx_t = tf.dynamic_partition(tf.range(n * P, dtype=tf.int32), tid, T + 1)
-    rows = [p.lookup_rows(keys_t[t]) if getattr(p, "is_dynamic", False) else None for t, p in enumerate(params)]
-    static = [t for t, p in enumerate(params) if rows[t] is None]
-    if static:
-        out = _ops.fused_embedding_lookup([params[t] for t in static], [keys_t[t][:, None] for t in static], "sum")
-        for t, o in zip(static, out):
-            rows[t] = o
+    local = [(_rows_for(p, keys_t[t]) if _hashed(p) else keys_t[t])[:, None] for t, p in enumerate(params)]
+    rows = _ops.fused_embedding_lookup(list(params), local, "sum")
     pad = tf.zeros([tf.shape(idx_t[T])[0], dim], tf.float32)
     return tf.dynamic_stitch(idx_t[:T] + [idx_t[T]], rows + [pad])
 
@@ -206,14 +226,17 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, hotness=None,
         csr = _as_csr_list(sp_ids, sp_weights, _WHERE)
         out = [None] * T
         groups = {}
-        for t, p in enumerate(params):
-            groups.setdefault((int(p.shape[1]), bool(getattr(p, "is_dynamic", False))), []).append(t)
+        if ctx.world_size == 1:
+            groups[None] = list(range(T))       # one fused lookup, whatever the dims
+        else:
+            for t, p in enumerate(params):
+                groups.setdefault(int(p.shape[1]), []).append(t)
         names = [p.table_name for p in params]
-        for (dim, dynamic), ts in groups.items():
+        for _, ts in groups.items():
             gp = [params[t] for t in ts]
             gc = [csr[t] for t in ts]
             gcomb = [combiners[t] for t in ts]
-            if ctx.world_size == 1 and not dynamic:
+            if ctx.world_size == 1:
                 attrs = _route_attrs(gp, 1)
                 _, bad = _lib().embed_lab_route_count([c[1] for c in gc], **attrs)
                 with tf.control_dependencies(_bad_key_check(bad[None], [names[t] for t in ts], _WHERE)):

@@ -36,6 +36,19 @@ def local_variable_scope():
     return tf.variable_creator_scope(_local_creator)
 
 
+def _dynamic_slot(var, name, initializer):
+    """A slot of a DynamicVariable: `[capacity, dim]` like the table, growing with it."""
+    init = keras.initializers.get(initializer)
+    dim = var.dim
+    rows_fn = lambda rows: tf.cast(init(tf.stack([rows, dim]), dtype="float32"), tf.float32)  # noqa: E731
+    cap = int(var.shape[0])
+    with tf.init_scope(), tf.device(_context.context().device):
+        slot = resource_variable_ops.ResourceVariable(rows_fn(cap), shape=tf.TensorShape([None, dim]), trainable=False,
+                                                      name=f"{var.table_name}_{name}")
+    var.add_companion(slot, rows_fn)
+    return slot
+
+
 def _is_embedlab(opt) -> bool:
     return hasattr(opt, "apply_sparse") and hasattr(opt, "_sparse_apply")
 
@@ -72,9 +85,12 @@ class OptimizerWrapper:
         from keras.src.optimizers.base_optimizer import BaseOptimizer
 
         def recording_add(reference_variable, name=None, initializer="zeros"):
-            # The base implementation: the TensorFlow one colocates with the strategy's variables.
-            v = BaseOptimizer.add_variable_from_reference(self._opt, reference_variable, name=name,
-                                                          initializer=initializer)
+            if getattr(reference_variable, "is_dynamic", False):
+                v = _dynamic_slot(reference_variable, name, initializer)
+            else:
+                # The base implementation: the TensorFlow one colocates with the strategy's variables.
+                v = BaseOptimizer.add_variable_from_reference(self._opt, reference_variable, name=name,
+                                                              initializer=initializer)
             self._slots.setdefault(id(reference_variable), {})[name] = v
             return v
 
