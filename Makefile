@@ -11,42 +11,63 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 HELPERS_SRC := $(shell find helpers/csrc helpers/embedlab -type f \( -name '*.cc' -o -name '*.cu' -o -name '*.h' -o -name '*.py' -o -name '*.in' \) 2>/dev/null) helpers/CMakeLists.txt helpers/pyproject.toml
 # Keep TensorFlow's start-up chatter out of test and notebook output.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
-# CUDA kernels: AUTO (on when nvcc is found), ON or OFF; read by helpers/pyproject.toml.
+# CUDA kernels: AUTO (built when nvcc is found AND they can run here: a GPU is visible or
+# TensorFlow is a CUDA build), ON (always, fails without nvcc) or OFF; read by helpers/pyproject.toml.
 export EMBEDLAB_CUDA ?= AUTO
 # CPU kernels: AUTO (AVX2 when this machine has it), AVX2 or BASELINE; read by helpers/pyproject.toml.
 export EMBEDLAB_CPU_ISA ?= AUTO
+# JupyterLab's address (make lab). The Docker images set 0.0.0.0 and publish the port on the
+# host's loopback only.
+LAB_IP ?= 127.0.0.1
 
-.PHONY: help setup run test test-py test-nb lab bench clean
+.PHONY: help setup run test test-py test-nb lab bench clean FORCE
 help:
 	@echo "make setup  create .venv, install requirements.txt, build and install helpers/ (idempotent)"
 	@echo "make run    setup, then execute every notebook into build/notebooks (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small})"
 	@echo "make test   setup, then pytest helpers/ and nbval on every notebook (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-ci})"
-	@echo "make lab    setup, then JupyterLab on 127.0.0.1 with token auth"
+	@echo "make lab    setup, then JupyterLab on $(LAB_IP) with token auth"
 	@echo "make bench  setup, then the benchmark scripts in helpers/benchmarks"
+	@echo "make clean  remove build outputs and empty data/cache/"
 
 setup: $(VENV)/.requirements $(VENV)/.embedlab
 
 $(VENV)/bin/python:
+	@echo "== creating $(VENV) with $$($(PYTHON) --version 2>&1)"
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.requirements: requirements.txt | $(VENV)/bin/python
+	@echo "== installing requirements.txt into $(VENV) (TensorFlow, Jupyter, ...: a few minutes the first time)"
 	$(PIP) install -q -r requirements.txt
-	touch $@
+	@touch $@
 
 # Built against the TensorFlow installed above (--no-build-isolation). Rebuilt when any source
 # of helpers/ changes; CMake's own build folder (helpers/build) keeps the rebuild incremental.
-$(VENV)/.embedlab: $(VENV)/.requirements $(HELPERS_SRC)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install -q --no-build-isolation --no-deps --force-reinstall ./helpers
-	$(PY) -c "import embedlab, json; print('embedlab build:', json.dumps(embedlab.build_info()))"
-	touch $@
+# The build options in a file that changes only when they do: `EMBEDLAB_CUDA=ON make setup`
+# after an AUTO build rebuilds.
+BUILD_OPTIONS := EMBEDLAB_CUDA=$(EMBEDLAB_CUDA) EMBEDLAB_CPU_ISA=$(EMBEDLAB_CPU_ISA)
+$(VENV)/.build-options: FORCE | $(VENV)/bin/python
+	@echo '$(BUILD_OPTIONS)' | cmp -s - $@ || echo '$(BUILD_OPTIONS)' > $@
+FORCE:
 
+$(VENV)/.embedlab: $(VENV)/.requirements $(VENV)/.build-options $(HELPERS_SRC)
+	@echo "== building the EmbedLab kernels and installing helpers/ into $(VENV) (EMBEDLAB_CUDA=$(EMBEDLAB_CUDA):"
+	@echo "   about 1-2 minutes for the C++ kernels, a few more when the CUDA ones are built; incremental afterwards)"
+	@t0=$$(date +%s); PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PIP) install -q --no-build-isolation --no-deps --force-reinstall ./helpers; \
+	  echo "   built in $$(( $$(date +%s) - t0 )) s"
+	@$(PY) -c "import embedlab, json; print('   embedlab build:', json.dumps(embedlab.build_info()))"
+	@touch $@
+
+# One line per notebook with its time; a failing notebook's log is printed and stops the run.
 run: setup
-	mkdir -p build/notebooks
-	export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small}; \
+	@mkdir -p build/notebooks
+	@export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small}; \
+	echo "== executing $(words $(NOTEBOOKS)) notebooks (EMBEDLAB_SCALE=$$EMBEDLAB_SCALE) into build/notebooks/"; \
 	for nb in $(NOTEBOOKS); do \
-	  echo "== $$nb (EMBEDLAB_SCALE=$$EMBEDLAB_SCALE)"; \
-	  $(PY) -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=3600 \
-	    --output-dir build/notebooks "$$nb"; \
+	  name=$$(basename "$$nb" .ipynb); t0=$$(date +%s); printf '   %-36s ' "$$name"; \
+	  if $(PY) -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=3600 --log-level=WARN \
+	       --output-dir build/notebooks "$$nb" > "build/notebooks/$$name.log" 2>&1; then \
+	    echo "ok in $$(( $$(date +%s) - t0 )) s"; \
+	  else echo "FAILED after $$(( $$(date +%s) - t0 )) s"; tail -n 40 "build/notebooks/$$name.log"; exit 1; fi; \
 	done
 	@echo "Executed notebooks (with their figures) are in build/notebooks/"
 
@@ -55,11 +76,25 @@ test: setup test-py test-nb
 test-py:
 	export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-ci}; $(PY) -m pytest helpers/tests -q -rs
 
+# nbval, one notebook at a time: one line each with its time; every notebook runs, then failures
+# are printed and the target fails.
 test-nb:
-	export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-ci}; $(PY) -m pytest --nbval-lax -q -p no:cacheprovider $(NOTEBOOKS)
+	@mkdir -p build/test-nb
+	@export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-ci}; failed=""; \
+	echo "== checking $(words $(NOTEBOOKS)) notebooks with nbval (EMBEDLAB_SCALE=$$EMBEDLAB_SCALE)"; \
+	for nb in $(NOTEBOOKS); do \
+	  name=$$(basename "$$nb" .ipynb); t0=$$(date +%s); printf '   %-36s ' "$$name"; \
+	  if $(PY) -m pytest --nbval-lax -q -p no:cacheprovider "$$nb" > "build/test-nb/$$name.log" 2>&1; then \
+	    echo "ok in $$(( $$(date +%s) - t0 )) s ($$(tail -n 1 "build/test-nb/$$name.log" | sed 's/=//g; s/^ *//; s/ in .*//'))"; \
+	  else echo "FAILED after $$(( $$(date +%s) - t0 )) s"; failed="$$failed $$name"; fi; \
+	done; \
+	for name in $$failed; do echo "== $$name"; tail -n 60 "build/test-nb/$$name.log"; done; \
+	test -z "$$failed" || { echo "failed notebooks:$$failed"; exit 1; }
 
+# Token authentication stays on and the server binds to LAB_IP; --allow-root is added only when
+# running as root (containers, many lab machines), where Jupyter refuses to start without it.
 lab: setup
-	$(PY) -m jupyter lab --ip=127.0.0.1 --no-browser --ServerApp.root_dir=$(CURDIR)
+	bash ci/lab.sh --ip=$(LAB_IP)
 
 # CPU benchmarks always; the GPU one where PyTorch sees a CUDA device (it compares with PyTorch).
 bench: setup
@@ -69,5 +104,9 @@ bench: setup
 	  $(PY) helpers/benchmarks/lookup_gpu.py; \
 	else echo "lookup_gpu.py skipped: no PyTorch with a CUDA device in $(VENV) (see its docstring)"; fi
 
+# Empties data/cache/ (generated data; files committed under data/ stay). Also removes the
+# data/cache/ that versions before the checkout-relative DATA_DIR wrote inside .venv.
 clean:
 	rm -rf build helpers/build $(VENV)/.embedlab
+	if [ -d data/cache ]; then find data/cache -mindepth 1 -delete; fi
+	rm -rf $(VENV)/lib/python3*/data/cache

@@ -41,7 +41,8 @@ Measured, per dim, in the same run:
   `ops.to_csr`, which lookups on CPU variables no longer need; the forward, backward and SGD
   apply kernels), to show where the time goes.
 
-Prints a table with ratios and writes JSON (default helpers/benchmarks/results/lookup_cpu.json).
+Prints a table with ratios and writes JSON (default
+helpers/benchmarks/results/lookup_cpu_<machine>_<date>.json; see _results.py).
 
 Usage:
     PYTHONPATH=helpers python helpers/benchmarks/lookup_cpu.py --dims 16 64 128 --repeats 20
@@ -60,6 +61,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _results  # noqa: E402
 _STREAM_FLOATS = 2**28  # 1 GiB of float32 for the streaming-read rate
 
 
@@ -79,7 +82,8 @@ def _parse():
                    help="steps per tf.function call in the in-graph measurement (like Keras' "
                         "steps_per_execution); each step takes the next of this many batches")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=HERE / "results" / "lookup_cpu.json")
+    p.add_argument("--out", type=Path, default=None,
+                   help="JSON path (default results/lookup_cpu_<machine>_<date>.json)")
     return p.parse_args()
 
 
@@ -132,13 +136,7 @@ def _available_bytes():
 
 
 def _cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return _results.cpu_name()
 
 
 def run_dim(dim, a, tf, keras, ops, eopt, _native):
@@ -448,6 +446,8 @@ def main():
     out = {"command": cmd, "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v)
                                                            for k, v in vars(a).items()},
            "results": results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if a.out is None:
+        a.out = _results.default_out("lookup_cpu", _results.cpu_machine())
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(out, indent=1))

@@ -21,8 +21,8 @@ keys, and each touched row's weights and optimizer state read and written once) 
 and as a fraction of the measured copy bandwidth. Our kernels are timed with check=False (the
 device-side key check syncs the stream); one row shows what check=True costs.
 
-Prints a table and writes JSON to $OUT/lookup_gpu.json if OUT is set, else to
-helpers/benchmarks/results/lookup_gpu.json.
+Prints a table and writes JSON to $OUT/lookup_gpu_<gpu>_<date>.json if OUT is set, else to
+helpers/benchmarks/results/lookup_gpu_<gpu>_<date>.json (e.g. lookup_gpu_nvidia-h100_2026-11-22T0057Z.json).
 """
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _results  # noqa: E402
 
 
 def load_core():
@@ -479,43 +482,17 @@ class Bench:
             print(f"{r['workload']:<12}{r['dist']:<9}{r['op']:<34}{r['ours_ms']:>9.3f}{r['torch_ms']:>10.3f}"
                   f"{r['ours_GBps']:>11,.0f}{r['torch_GBps']:>11,.0f}{r['ours_frac_copy']:>9.1%}{r['speedup']:>9.2f}")
         print(f"device copy: {self.copy_GBps:,.0f} GB/s on {self.info['gpu']} (driver {self.info['driver']})")
-        goals = self.goals()
-        for g in goals:
-            print(f"goal {'MET ' if g['met'] else 'MISSED'}: {g['goal']}: {g['value']}")
-        out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).resolve().parent / "results"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "lookup_gpu.json"
+        out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+        path = _results.default_out("lookup_gpu", _results.gpu_machine(self.info["gpu"]))
+        if out_dir is not None:
+            path = out_dir / path.name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([sys.executable] + sys.argv), "info": self.info,
-            "copy_GBps": self.copy_GBps, "args": vars(self.args), "checks": self.checks, "rows": self.rows,
-            "goals": goals}, indent=1, default=float))
+            "copy_GBps": self.copy_GBps, "args": vars(self.args), "checks": self.checks, "rows": self.rows},
+            indent=1, default=float))
         print(f"wrote {path}")
-
-    def goals(self):
-        def find(workload, dist, op):
-            for r in self.rows:
-                if r["workload"] == workload and r["dist"] == dist and r["op"] == op:
-                    return r
-            return None
-        goals = []
-        for dist in self.args.dists:
-            r = find("128d-1key", dist, "forward-sum")
-            if r:
-                goals.append({"goal": f"forward 128d 1 key {dist}: >= 70% of copy and >= 2.5x embedding_bag",
-                              "met": r["ours_frac_copy"] >= 0.70 and r["speedup"] >= 2.5,
-                              "value": f"{r['ours_frac_copy']:.1%} of copy, {r['speedup']:.2f}x"})
-            r = find("16d-1key", dist, "forward-sum")
-            if r:
-                goals.append({"goal": f"forward 16d {dist}: >= 2x embedding_bag", "met": r["speedup"] >= 2.0,
-                              "value": f"{r['speedup']:.2f}x"})
-            for opt in ("sgd", "adam"):
-                r = find("128d-1key", dist, f"backward+{opt}")
-                if r:
-                    goals.append({"goal": f"backward+{opt} 128d 1 key {dist}: >= 2x PyTorch",
-                                  "met": r["speedup"] >= 2.0, "value": f"{r['speedup']:.2f}x"})
-        return goals
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -2,25 +2,33 @@
 
 Submodules are imported on first use, so `import embedlab` is cheap and `embedlab.data`
 works before the native library is built. `build_info()` and `cuda_built()` load the native
-library and report how it was built.
+library and report how it was built. The submodules are whatever public modules and packages
+sit in this folder (names without a leading underscore): `dir(embedlab)` lists exactly those.
 """
-from __future__ import annotations
 
-import importlib
+import importlib as _importlib
+import pkgutil as _pkgutil
+from pathlib import Path as _Path
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("config", "ops", "optimizers", "plugin", "data", "models", "session", "sok", "hps")
+_NATIVE_NAMES = ("build_info", "cuda_built")
+
+
+def _submodules() -> tuple:
+    """The public modules and packages in this package's folder, sorted."""
+    return tuple(sorted(m.name for m in _pkgutil.iter_modules([str(_Path(__file__).resolve().parent)])
+                        if not m.name.startswith("_")))
 
 
 def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name in ("build_info", "cuda_built"):
+    if name in _submodules():
+        return _importlib.import_module(f"{__name__}.{name}")
+    if name in _NATIVE_NAMES:
         from . import _native
         return getattr(_native, name)
     raise AttributeError(f"module 'embedlab' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(list(globals()) + list(_SUBMODULES) + ["build_info", "cuda_built"])
+    return sorted(set(globals()) | set(_submodules()) | set(_NATIVE_NAMES))

@@ -45,7 +45,9 @@ def build_info() -> dict:
     Returns:
         dict with ``embedlab_version``, ``tensorflow_version`` (the one the op library was
         compiled against), ``tf_ops_built``, ``tf_gpu_kernels``, ``cuda_built``,
-        ``cuda_version``, ``cuda_architectures``, ``cpu_isa`` (the CPU kernels' instruction
+        ``cuda_option`` (``EMBEDLAB_CUDA`` at build time: AUTO, ON or OFF), ``cuda_reason``
+        (why the CUDA kernels were or were not built, e.g. "AUTO: skipped, no GPU visible and
+        TensorFlow is a CPU build"), ``cuda_version``, ``cuda_architectures``, ``cpu_isa`` (the CPU kernels' instruction
         set: ``"avx2"`` or ``"baseline"``), ``compiler``, ``build_type``, and
         ``tensorflow_runtime`` (the TensorFlow imported now, or None).
 

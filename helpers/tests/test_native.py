@@ -37,6 +37,38 @@ def test_build_info_reports_the_build():
     assert info["tf_ops_built"] is True
 
 
+def _gpu_visible():
+    if os.path.exists("/dev/nvidia0"):
+        return True
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU " in out.stdout
+
+
+def test_build_info_says_why_cuda_was_or_was_not_built():
+    """EMBEDLAB_CUDA=AUTO builds the CUDA kernels only where they can run (a GPU is visible or
+    TensorFlow is a CUDA build); ON always; OFF never. build_info() says which and why."""
+    import shutil
+    info = _native.build_info()
+    assert info["cuda_option"] in ("AUTO", "ON", "OFF")
+    assert info["cuda_reason"]
+    if info["cuda_option"] == "OFF":
+        assert not info["cuda_built"]
+    elif info["cuda_option"] == "ON":
+        assert info["cuda_built"]  # ON without nvcc fails the build instead
+    else:
+        import tensorflow as tf
+        usable = _gpu_visible() or tf.test.is_built_with_cuda()
+        nvcc = shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")
+        if not usable:
+            assert not info["cuda_built"] and "skipped" in info["cuda_reason"], info
+        elif nvcc:
+            assert info["cuda_built"], info
+    print(f"CUDA kernels built: {info['cuda_built']} ({info['cuda_reason']})")
+
+
 def test_build_info_names_the_cpu_instruction_set():
     info = _native.build_info()
     assert info["cpu_isa"] in ("avx2", "baseline")

@@ -207,7 +207,7 @@ std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t b
 }  // namespace embedlab
 
 // =======================================================================================
-// CUDA (issue 3). Declared only when the CUDA kernels are built (EMBEDLAB_WITH_CUDA); the
+// CUDA. Declared only when the CUDA kernels are built (EMBEDLAB_WITH_CUDA); the
 // implementation is csrc/core/embedding_cuda.cu. Same semantics as the CPU functions above.
 //
 //   * Every pointer inside the argument structs is a DEVICE pointer (the structs themselves

@@ -672,8 +672,8 @@ void LookupGradCpu::fill(int64_t* unique_keys, float* rows, ThreadPool& pool) co
 void LookupGradCpu::apply(const SparseUpdateArgs& target, const SparseOptimizer& opt, ThreadPool& pool) const {
   // Two passes over a reused buffer: the summed rows, then the update, row by row in key order
   // with write prefetches. Interleaving the two per key (or per chunk of 32 to 2,048 keys)
-  // measured slower (sessions 2 and 5): each loop keeps its own stream of misses in flight, and
-  // every switch restarts the prefetch pipeline. Same code, so the same bits, as fill() followed
+  // measured slower (helpers/benchmarks/RESULTS.md, lookup_cpu): each loop keeps its own stream
+  // of misses in flight, and every switch restarts the prefetch pipeline. Same code, so the same bits, as fill() followed
   // by sparse_<opt>_cpu; the difference to that is no output tensors, one op, no allocation.
   const int64_t nu = num_unique();
   if (nu <= 0) return;

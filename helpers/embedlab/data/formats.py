@@ -199,7 +199,7 @@ def _frame(payload: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.n
 
 
 def _checksum(b: np.ndarray) -> int:
-    return int(b.sum(dtype=np.uint64) & 0xFF)
+    return int(b.sum(dtype=np.uint64)) & 0xFF
 
 
 def write_norm(path, label, dense, slots, *, error_check: bool = True,

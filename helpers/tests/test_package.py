@@ -1,0 +1,86 @@
+"""The package as a user meets it: `dir(embedlab)`, and where data goes (an installed package).
+
+The data-folder tests run a fresh interpreter on the INSTALLED package (`make setup` installs
+helpers/ non-editable into .venv), with the working directory inside a throw-away checkout and
+outside any checkout, so a DATA_DIR derived from the package's own location would fail them.
+"""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import embedlab
+
+_PRINT_DATA_DIR = "import embedlab.config as c; print(c.DATA_DIR)"
+
+
+def _python(code, cwd, env_extra=None, unset=("EMBEDLAB_DATA_DIR",)):
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.pop("PYTHONPATH", None)  # the installed package, not a source tree
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _fake_checkout(root: Path) -> Path:
+    (root / "helpers").mkdir(parents=True)
+    (root / "helpers" / "pyproject.toml").write_text("[project]\nname = 'embedlab'\n")
+    (root / "notebooks").mkdir()
+    return root
+
+
+def test_dir_lists_only_modules_that_import():
+    names = [n for n in dir(embedlab) if not n.startswith("_")]
+    for expected in ("config", "ops", "optimizers", "plugin", "data", "models", "build_info", "cuda_built"):
+        assert expected in names
+    pkg_dir = Path(embedlab.__file__).parent
+    for name in names:
+        if name in ("build_info", "cuda_built"):
+            continue
+        assert (pkg_dir / f"{name}.py").is_file() or (pkg_dir / name / "__init__.py").is_file(), name
+        assert importlib.import_module(f"embedlab.{name}") is getattr(embedlab, name)
+    with pytest.raises(AttributeError, match="no attribute 'sok_missing'"):
+        embedlab.sok_missing  # noqa: B018
+    print(f"dir(embedlab) lists {len(names)} public names, each importable")
+
+
+def test_installed_package_puts_data_in_the_checkout_of_the_cwd(tmp_path):
+    root = _fake_checkout(tmp_path / "project")
+    nb_dir = root / "notebooks"
+    r = _python(_PRINT_DATA_DIR, cwd=nb_dir)  # nbval / nbconvert run a notebook in its own folder
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()) == (root / "data" / "cache").resolve()
+    r = _python(_PRINT_DATA_DIR, cwd=root)
+    assert Path(r.stdout.strip()) == (root / "data" / "cache").resolve()
+    # never inside the environment the package is installed in
+    where = _python("import embedlab; print(embedlab.__file__)", cwd=root).stdout.strip()
+    assert not Path(r.stdout.strip()).is_relative_to(Path(where).parents[1])
+
+
+def test_env_var_wins(tmp_path):
+    root = _fake_checkout(tmp_path / "project")
+    r = _python(_PRINT_DATA_DIR, cwd=root, env_extra={"EMBEDLAB_DATA_DIR": str(tmp_path / "elsewhere")})
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()) == (tmp_path / "elsewhere").resolve()
+
+
+def test_outside_a_checkout_asks_for_the_env_var(tmp_path):
+    outside = tmp_path / "not_a_checkout"
+    outside.mkdir()
+    r = _python("import embedlab.config, embedlab.data; print('imports fine')", cwd=outside)
+    assert r.returncode == 0 and "imports fine" in r.stdout, r.stderr  # importing never needs it
+    r = _python(_PRINT_DATA_DIR, cwd=outside)
+    assert r.returncode != 0
+    assert "DataDirError" in r.stderr and "set EMBEDLAB_DATA_DIR" in r.stderr, r.stderr
+
+
+def test_this_checkout_data_dir_is_data_cache():
+    from embedlab import config
+    root = config.find_checkout(Path(__file__).parent)
+    assert root is not None and (root / "helpers" / "tests").is_dir()
+    if not os.environ.get("EMBEDLAB_DATA_DIR") and config.find_checkout() == root:
+        assert config.DATA_DIR == root / "data" / "cache"
+    assert not config.DATA_DIR.is_relative_to(Path(sys.prefix).resolve())
