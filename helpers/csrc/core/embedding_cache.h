@@ -1,0 +1,201 @@
+// The HPS embedding cache: a set-associative int64 key -> float32[dim] row cache (CPU and CUDA).
+//
+// Layout (both implementations)
+//   * num_sets = ceil(capacity / ways) sets of `ways` slots (ways in [1, 32]); capacity() is
+//     num_sets * ways (>= the capacity asked for).
+//   * A key lives only in set set_of(key) = (fmix64(key) * num_sets) >> 64, in any of its ways.
+//   * Per set: one 32-bit version word (a seqlock, see below) and a 32-bit occupancy mask;
+//     per slot: the key, a 32-bit access stamp, and the row, stored contiguously
+//     (values[slot * dim .. slot * dim + dim)), slot = set * ways + way.
+//   * Any int64 key is valid (occupancy is a bit, not a reserved key).
+//
+// Eviction (dynamic caches): each call that may touch stamps takes the next value of a cache-wide
+// epoch counter; a hit in lookup() and every insert()/update() write that epoch into the slot's
+// stamp (only when it differs, so a hot row's line is not dirtied on every hit). insert() of an
+// absent key takes a free way of its set or, when the set is full, evicts the way with the
+// smallest stamp (ties: the lowest way). That is LRU at the granularity of calls.
+//
+// Static caches (is_static = true) are filled by insert() into free ways only: nothing is ever
+// evicted or overwritten (insert() of a key whose set is full, or that is already present, stores
+// nothing), update() and erase() are refused by the adapters, and lookup() writes no stamps.
+// Lookups of a static cache are read-only: they never write to shared memory.
+//
+// Thread safety (CPU): every method may be called from any number of threads at once.
+//   * Writers (insert, update, erase, clear) take a set's version word from even to odd with a
+//     compare-and-swap (a per-set spin lock), change the set, and release it at the next even
+//     value. Writers of different sets never wait for each other.
+//   * Readers (lookup) never lock: they read the version, find the key, copy the row into the
+//     output, then re-read the version; if it was odd or changed, they copy again. A row handed
+//     back was therefore read entirely while its set held that key: never torn, never another
+//     key's. (The optimistic copy may read a row while a writer changes it; the copy is discarded
+//     then. Readers spin only while a writer holds that one set.)
+//   * Within one call, work is cut across the pool: lookup() by position; insert(), update() and
+//     erase() by set (each thread takes the keys of its range of sets, in input order), so their
+//     result is the same for any thread count: for a key repeated in one call, the last value
+//     wins, and evictions happen in input order.
+//
+// Thread safety (CUDA): all work of one cache is enqueued on the caller's stream, and calls on
+// one cache must be ordered (one stream, or events between streams): a lookup kernel does not
+// re-check a set's version, so it must not run while a write kernel of the same cache runs.
+// Within one write launch, the threads that write one set take its lock (the version word) one
+// at a time. For a key repeated in one insert() call, one of its values wins (not necessarily
+// the last).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "thread_pool.h"
+
+namespace embedlab {
+
+struct EmbeddingCacheStats {
+  int64_t hits = 0;       // lookup positions found
+  int64_t misses = 0;     // lookup positions not found
+  int64_t inserts = 0;    // rows stored by insert() (new keys and overwrites)
+  int64_t evictions = 0;  // rows evicted to make room
+  int64_t updates = 0;    // positions overwritten by update()
+  int64_t erases = 0;     // rows removed by erase()
+  int64_t rejected = 0;   // static caches: insert() positions with no free way (nothing stored)
+};
+
+constexpr int kEmbeddingCacheMaxWays = 32;
+
+// The set of a key: murmur3's 64-bit finalizer, then a multiply-shift onto [0, num_sets).
+inline uint64_t cache_mix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdULL;
+  k ^= k >> 33;
+  k *= 0xc4ceb9fe1a85ec53ULL;
+  k ^= k >> 33;
+  return k;
+}
+inline int64_t cache_set_of(int64_t key, int64_t num_sets) {
+  return static_cast<int64_t>((static_cast<unsigned __int128>(cache_mix64(static_cast<uint64_t>(key))) *
+                               static_cast<uint64_t>(num_sets)) >>
+                              64);
+}
+
+class EmbeddingCacheCpu {
+ public:
+  // capacity >= 1, dim >= 1, ways in [1, kEmbeddingCacheMaxWays] (callers validate).
+  EmbeddingCacheCpu(int64_t capacity, int64_t dim, int ways, bool is_static);
+
+  int64_t capacity() const { return num_sets_ * ways_; }
+  int64_t num_sets() const { return num_sets_; }
+  int64_t dim() const { return dim_; }
+  int ways() const { return ways_; }
+  bool is_static() const { return static_; }
+
+  // For each position i: if keys[i] is cached, copies its row to out[i * dim ..]; otherwise
+  // leaves out[i * dim ..] untouched and records i. Writes the recorded positions, ascending,
+  // to missing[0 .. m) (missing has room for n) and returns m.
+  int64_t lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, ThreadPool& pool);
+
+  // Stores values[i * dim ..] under keys[i] (overwriting a present key; dynamic caches evict
+  // as described above). Returns the number of positions stored.
+  int64_t insert(const int64_t* keys, const float* values, int64_t n, ThreadPool& pool);
+
+  // Overwrites the rows of the keys that are present; absent keys are ignored. Returns the
+  // number of positions that were present (a repeated present key counts each time).
+  int64_t update(const int64_t* keys, const float* values, int64_t n, ThreadPool& pool);
+
+  // Removes the keys that are present. Returns the number of rows removed.
+  int64_t erase(const int64_t* keys, int64_t n, ThreadPool& pool);
+
+  void clear();
+  int64_t size() const { return size_.load(std::memory_order_relaxed); }
+  EmbeddingCacheStats stats() const;
+
+ private:
+  struct alignas(8) SetHeader {
+    std::atomic<uint32_t> version;
+    std::atomic<uint32_t> occupied;
+  };
+  uint32_t lock_set(int64_t s);
+  void unlock_set(int64_t s, uint32_t v);
+  // Runs fn(position, set) for every position, grouped so that each pool thread owns a range
+  // of sets and sees its positions in input order.
+  static constexpr int kCounters = 4;
+  template <typename Fn>
+  void for_each_by_set(const int64_t* keys, int64_t n, ThreadPool& pool, int64_t cost, Fn&& fn, int64_t* totals);
+
+  const int64_t dim_;
+  const int ways_;
+  const bool static_;
+  int64_t num_sets_;
+  std::unique_ptr<SetHeader[]> headers_;
+  std::unique_ptr<int64_t[]> keys_;              // [num_sets * ways]
+  std::unique_ptr<std::atomic<uint32_t>[]> stamps_;  // [num_sets * ways]
+  float* values_ = nullptr;                      // [num_sets * ways * dim], 64-byte aligned
+  std::atomic<uint32_t> epoch_{1};
+  std::atomic<int64_t> size_{0};
+  std::atomic<int64_t> hits_{0}, misses_{0}, inserts_{0}, evictions_{0}, updates_{0}, erases_{0}, rejected_{0};
+
+ public:
+  ~EmbeddingCacheCpu();
+  EmbeddingCacheCpu(const EmbeddingCacheCpu&) = delete;
+  EmbeddingCacheCpu& operator=(const EmbeddingCacheCpu&) = delete;
+};
+
+}  // namespace embedlab
+
+#ifdef EMBEDLAB_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+namespace embedlab {
+
+// The same cache in device memory. Every method enqueues its work on `stream` and returns
+// without synchronizing, except where noted. All pointers are device pointers.
+class EmbeddingCacheCuda {
+ public:
+  // Allocates and zeroes the cache on the current device (synchronous). *err receives the
+  // first CUDA error (then the object is unusable).
+  EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, bool is_static, cudaError_t* err);
+  ~EmbeddingCacheCuda();
+  EmbeddingCacheCuda(const EmbeddingCacheCuda&) = delete;
+  EmbeddingCacheCuda& operator=(const EmbeddingCacheCuda&) = delete;
+
+  int64_t capacity() const { return num_sets_ * ways_; }
+  int64_t num_sets() const { return num_sets_; }
+  int64_t dim() const { return dim_; }
+  int ways() const { return ways_; }
+  bool is_static() const { return static_; }
+  int device() const { return device_; }
+
+  // Hits are copied to out[i * dim ..]; miss positions i are written, ascending, to
+  // missing[0 .. *num_missing) (num_missing: one device int64). `hit_mask`, when not null,
+  // receives 1 / 0 per position (uint8[n]). Needs lookup_workspace_bytes(n) of workspace.
+  static size_t lookup_workspace_bytes(int64_t n);
+  cudaError_t lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, int64_t* num_missing,
+                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+  // The hit path alone: hits copied, misses flagged in hit_mask (uint8[n], may be null); no
+  // compaction of the miss list (for callers that handle misses by mask).
+  cudaError_t lookup_mask(const int64_t* keys, int64_t n, float* out, uint8_t* hit_mask, cudaStream_t stream);
+
+  // Device counters (one int64 each) of the positions stored / evicted / present, added to
+  // *counts[0..2] = {stored, evicted, present_or_removed} (device int64[3], caller zeroes).
+  cudaError_t insert(const int64_t* keys, const float* values, int64_t n, int64_t* counts, cudaStream_t stream);
+  cudaError_t update(const int64_t* keys, const float* values, int64_t n, int64_t* counts, cudaStream_t stream);
+  cudaError_t erase(const int64_t* keys, int64_t n, int64_t* counts, cudaStream_t stream);
+  cudaError_t clear(cudaStream_t stream);
+  // Number of occupied slots (synchronizes the stream).
+  cudaError_t size(cudaStream_t stream, int64_t* out);
+
+ private:
+  int64_t dim_;
+  int ways_;
+  bool static_;
+  int64_t num_sets_;
+  int device_ = 0;
+  uint32_t epoch_ = 1;
+  uint32_t* headers_ = nullptr;  // [num_sets * 2]: version, occupied
+  int64_t* keys_ = nullptr;      // [num_sets * ways]
+  uint32_t* stamps_ = nullptr;   // [num_sets * ways]
+  float* values_ = nullptr;      // [num_sets * ways * dim]
+};
+
+}  // namespace embedlab
+#endif  // EMBEDLAB_WITH_CUDA
