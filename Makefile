@@ -30,6 +30,11 @@ help:
 	@echo "make clean  remove build outputs and empty data/cache/"
 
 setup: $(VENV)/.requirements $(VENV)/.embedlab
+# The HPS's Redis tier needs redis-server / redis-cli (Debian's redis-server): installed where missing.
+setup: hps-system
+.PHONY: hps-system
+hps-system:
+	@{ command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || bash ci/install_system.sh
 
 $(VENV)/bin/python:
 	@echo "== creating $(VENV) with $$($(PYTHON) --version 2>&1)"

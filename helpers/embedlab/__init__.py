@@ -2,7 +2,8 @@
 
 Submodules are imported on first use, so `import embedlab` is cheap and `embedlab.data`
 works before the native library is built. `build_info()` and `cuda_built()` load the native
-library and report how it was built. The submodules are whatever public modules and packages
+library and report how it was built; `import_tensorflow()` imports TensorFlow without its C++
+start-up banner (for notebooks). The submodules are whatever public modules and packages
 sit in this folder (names without a leading underscore): `dir(embedlab)` lists exactly those.
 """
 
@@ -12,7 +13,8 @@ from pathlib import Path as _Path
 
 __version__ = "0.1.0"
 
-_NATIVE_NAMES = ("build_info", "cuda_built")
+# Functions loaded on first use, from the private module that holds them.
+_LAZY = {"build_info": "_native", "cuda_built": "_native", "import_tensorflow": "_tfstart"}
 
 
 def _submodules() -> tuple:
@@ -24,11 +26,10 @@ def _submodules() -> tuple:
 def __getattr__(name):
     if name in _submodules():
         return _importlib.import_module(f"{__name__}.{name}")
-    if name in _NATIVE_NAMES:
-        from . import _native
-        return getattr(_native, name)
+    if name in _LAZY:
+        return getattr(_importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'embedlab' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_submodules()) | set(_NATIVE_NAMES))
+    return sorted(set(globals()) | set(_submodules()) | set(_LAZY))

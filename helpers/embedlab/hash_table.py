@@ -11,6 +11,12 @@ Works eagerly and inside `tf.function`; keys may have any shape (values come bac
 them). The table is saved by `tf.train.Checkpoint` (its exported keys and values) and can be
 exported in a SavedModel. Every op runs on the CPU.
 
+By default each `HashTable` owns its table (a ref-counting resource handle, like TensorFlow's
+anonymous lookup tables): it is freed with the object, and a SavedModel loaded in the same
+process gets its own table, restored from the saved contents. `shared_name="..."` instead
+names the table in the resource manager: every `HashTable` (and graph) with that name shares
+one table, which lives until the process ends (like `MutableHashTable(shared_name=...)`).
+
 Example:
     >>> t = HashTable(initial_capacity=16)
     >>> t.find_or_insert(tf.constant([[7, -3], [7, 0]], tf.int64)).numpy().tolist()
@@ -22,7 +28,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
-from tensorflow.python.ops import gen_resource_variable_ops
 
 from . import _native
 
@@ -31,7 +36,7 @@ __all__ = ["HashTable"]
 # Loaded at import, so that a missing or mismatched library fails here with its fix.
 _native.tf_ops()
 
-_OPS = ("Handle", "Find", "FindOrInsert", "Insert", "Erase", "Size", "Export", "Clear")
+_OPS = ("Handle", "AnonymousHandle", "Find", "FindOrInsert", "Insert", "Erase", "Size", "Export", "Clear")
 for _op in _OPS:
     tf.no_gradient("EmbedLabHashTable" + _op)
 
@@ -57,21 +62,23 @@ class HashTable(tf.saved_model.experimental.TrackableResource):
 
     Args:
         initial_capacity: keys that fit before the first rehash (the table grows as needed).
-        name: a name for the table; it prefixes the resource's shared name and appears in
-            error messages.
+        name: a name for the table, shown in error messages.
+        shared_name: None (default) for a table owned by this object; a string to share one
+            table by that name (container "") across objects and graphs of this process.
 
     Thread safety: finds run concurrently (a reader/writer lock); inserts, erases and clears
     take the lock exclusively. Each op is atomic. Values are int64; -1 means "absent" in
     `find`, so do not store -1 with `insert`.
     """
 
-    def __init__(self, initial_capacity: int = 1024, name: str | None = None):
+    def __init__(self, initial_capacity: int = 1024, name: str | None = None, shared_name: str | None = None):
         if isinstance(initial_capacity, bool) or not isinstance(initial_capacity, int) or initial_capacity < 1:
             raise ValueError(f"HashTable: initial_capacity must be an int >= 1, got {initial_capacity!r}")
         self._initial_capacity = int(initial_capacity)
-        self._name = name or "embedlab_hash_table"
-        # A process-unique shared name: two HashTable objects never share a table.
-        self._shared_name = f"{self._name}_{tf_ops.uid()}"
+        if shared_name is not None and (not isinstance(shared_name, str) or not shared_name):
+            raise ValueError(f"HashTable: shared_name must be a non-empty string or None, got {shared_name!r}")
+        self._name = name or shared_name or f"hash_table_{tf_ops.uid()}"
+        self._shared_name = shared_name
         super().__init__(device="/CPU:0")
         with tf.init_scope():
             self._resource_handle = self._create_resource()
@@ -81,15 +88,15 @@ class HashTable(tf.saved_model.experimental.TrackableResource):
         return self._name
 
     @property
-    def shared_name(self) -> str:
+    def shared_name(self) -> str | None:
         return self._shared_name
 
     def _create_resource(self):
+        if self._shared_name is None:
+            return _lib().embed_lab_hash_table_anonymous_handle(
+                initial_capacity=self._initial_capacity, debug_name=self._name)
         return _lib().embed_lab_hash_table_handle(
             shared_name=self._shared_name, initial_capacity=self._initial_capacity)
-
-    def _destroy_resource(self):
-        gen_resource_variable_ops.destroy_resource_op(self.resource_handle, ignore_lookup_error=True)
 
     # ---- lookups ---------------------------------------------------------------------------
 

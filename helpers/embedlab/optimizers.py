@@ -187,6 +187,7 @@ class _SparseMixin:
                 [tf.convert_to_tensor(g.values, tf.float32) for g in grads])
 
 
+@keras.saving.register_keras_serializable(package="embedlab")
 class SGD(_SparseMixin, keras.optimizers.SGD):
     """Plain SGD (no momentum): `w[i] -= learning_rate * g[i]` on touched rows.
 
@@ -212,6 +213,7 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
             [_handle(v) for v in variables], idx, vals, tf.cast(learning_rate, tf.float32))
 
 
+@keras.saving.register_keras_serializable(package="embedlab")
 class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
     """Keras Adagrad (`acc += g*g; w -= lr*g/sqrt(acc+eps)`), sparse rows in place."""
 
@@ -232,6 +234,7 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
             tf.cast(learning_rate, tf.float32), tf.constant(self.epsilon, tf.float32))
 
 
+@keras.saving.register_keras_serializable(package="embedlab")
 class Adam(_SparseMixin, keras.optimizers.Adam):
     """Lazy Adam for IndexedSlices gradients, Keras Adam for dense ones (no amsgrad)."""
 

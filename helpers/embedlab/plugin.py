@@ -75,7 +75,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from . import ops
+from . import ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
 
 __all__ = ["init", "split_cpu", "current", "EmbeddingLayer", "PluginConfig", "initial_values"]
 
@@ -267,6 +267,7 @@ def _atomic_write(path: Path, chunks):
 # The layer
 # --------------------------------------------------------------------------------------------
 
+@keras.saving.register_keras_serializable(package="embedlab")
 class EmbeddingLayer(keras.layers.Layer):
     """HugeCTR-plugin-style sparse embedding: `[batch, slot_num, max_nnz]` keys -> `[batch, slot_num, vec]`.
 
@@ -288,6 +289,13 @@ class EmbeddingLayer(keras.layers.Layer):
         name: layer name (also names its variables and error messages).
 
     Input: see the module docstring (dense, COO SparseTensor, or `(row_offsets, values)`).
+
+    Saving: the layer is Keras-serializable (`model.save("m.keras")` / `keras.saving.load_model`,
+    `model.export(...)` for serving). The `.keras` file holds the table in key order, so it
+    loads into a process with another device count (the layer then shards over `init`'s
+    devices there), and the config holds the layer's own optimizer with its hyperparameters;
+    that optimizer's slot state (Adam moments, Adagrad accumulators) starts afresh after
+    loading, as with `save` / `restore`.
 
     Returns (when called):
         float32 `[batch, slot_num, embedding_vec_size]`.
@@ -753,10 +761,50 @@ class EmbeddingLayer(keras.layers.Layer):
             fail(f"file holds a [{V}, {D}] table, this layer is [{self.vocabulary_size}, {self.embedding_vec_size}]")
         self.set_table(np.frombuffer(payload, dtype="<f4").reshape(V, D))
 
+    # ---- Keras serialization ----------------------------------------------------------------
+
     def get_config(self):
         cfg = super().get_config()
+        init = self._initializer
+        # An initializer array is not config: the saved weights carry the values.
+        init = init if isinstance(init, str) else float(init) if np.ndim(init) == 0 else "random"
         cfg.update(vocabulary_size=self.vocabulary_size, embedding_vec_size=self.embedding_vec_size,
                    slot_num=self.slot_num, max_nnz=self.max_nnz, combiner=self.combiner,
                    embedding_type=self.embedding_type, slot_size_array=self.slot_size_array,
-                   seed=self.seed)
+                   seed=self.seed, initializer=init,
+                   optimizer=None if self.optimizer is None else keras.optimizers.serialize(self.optimizer))
         return cfg
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        opt = config.pop("optimizer", None)
+        if isinstance(opt, dict):
+            opt = keras.optimizers.deserialize(opt)
+        return cls(optimizer=opt, **config)
+
+    @property
+    def variables(self):
+        # The layer's own optimizer is part of its state: its variables (iteration counter,
+        # slots) are captured by the backward that applies it, so whatever collects a model's
+        # state through `variables` (`model.export`'s SavedModel) must find them here. They are
+        # not weights (`weights`, `get_weights` and the .keras file leave them out).
+        vs = super().variables
+        if self.optimizer is not None:
+            seen = {id(v) for v in vs}
+            vs = vs + [v for v in self.optimizer.variables if id(v) not in seen]
+        return vs
+
+    def save_own_variables(self, store):
+        # The table in key order, not per device: it loads into any device count.
+        store["table"] = self.get_table()
+        if self.optimizer is not None:
+            store["bp_trigger"] = np.asarray(self.bp_trigger.numpy())
+
+    def load_own_variables(self, store):
+        if "table" not in store:
+            raise ValueError(f"EmbeddingLayer {self.name!r}: the saved weights hold no 'table' "
+                             f"(found {sorted(store.keys())})")
+        self.set_table(np.asarray(store["table"]))
+        if self.optimizer is not None and "bp_trigger" in store:
+            self.bp_trigger.assign(np.asarray(store["bp_trigger"]))

@@ -6,6 +6,7 @@ keys, 0, INT64_MIN / INT64_MAX (INT64_MIN is the slot array's empty marker, stor
 duplicates within a batch, growth far past the initial capacity, erase then reinsert, and
 max_size overflow (which must leave the table unchanged).
 """
+import gc
 import threading
 
 import numpy as np
@@ -359,7 +360,7 @@ def test_tf_overflow_names_key_table_and_max_size_and_changes_nothing(rng):
         t.find_or_insert(batch, max_size=5)
     msg = e.value.message
     assert "EmbedLabHashTableFindOrInsert: key 11 in keys (flat index 3)" in msg, msg
-    assert f"hash table '{t.shared_name}'" in msg and "max_size is 5" in msg and "nothing was inserted" in msg
+    assert "hash table 'capped'" in msg and "max_size is 5" in msg and "nothing was inserted" in msg
 
     @tf.function
     def capped(keys, m):
@@ -376,7 +377,7 @@ def test_tf_overflow_names_key_table_and_max_size_and_changes_nothing(rng):
 
 def test_tf_tables_are_independent_checkpointed_and_cleared(rng, tmp_path):
     a, b = TfHashTable(name="same"), TfHashTable(name="same")
-    assert a.shared_name != b.shared_name
+    assert a.shared_name is None and b.shared_name is None
     keys = random_keys(rng, 3000, pool=5000)
     oracle = {}
     oracle_find_or_insert(oracle, keys)
@@ -409,10 +410,28 @@ def test_tf_saved_model_keeps_working(rng, tmp_path):
     keys = random_keys(rng, 1000, pool=2000)
     oracle = {}
     np.testing.assert_array_equal(m(tf.constant(keys)).numpy(), oracle_find_or_insert(oracle, keys))
+    saved = dict(oracle)
     tf.saved_model.save(m, str(tmp_path / "sm"))
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    # The loaded model has its own table, restored from the saved contents, and outlives m.
+    m(tf.constant(np.array([I64_MAX - 5], np.int64)))
+    del m
+    gc.collect()
     more = random_keys(rng, 1000, pool=4000)
-    np.testing.assert_array_equal(loaded(tf.constant(more)).numpy(), oracle_find_or_insert(oracle, more))
+    np.testing.assert_array_equal(loaded(tf.constant(more)).numpy(), oracle_find_or_insert(saved, more))
+
+
+def test_tf_shared_name_shares_one_table(rng):
+    name = f"test_shared_{rng.integers(1 << 40)}"
+    a, b = TfHashTable(shared_name=name), TfHashTable(shared_name=name)
+    keys = random_keys(rng, 500, pool=1000)
+    np.testing.assert_array_equal(a.find_or_insert(keys).numpy(), oracle_find_or_insert({}, keys))
+    np.testing.assert_array_equal(b.find(keys).numpy(), a.find(keys).numpy())
+    assert a.name == name
+    b.clear()
+    assert int(a.size()) == 0
+    with pytest.raises(ValueError, match="shared_name must be a non-empty string"):
+        TfHashTable(shared_name="")
 
 
 def test_tf_concurrent_ops_from_python_threads(rng):

@@ -38,7 +38,7 @@ def test_dir_lists_only_modules_that_import():
         assert expected in names
     pkg_dir = Path(embedlab.__file__).parent
     for name in names:
-        if name in ("build_info", "cuda_built"):
+        if name in ("build_info", "cuda_built", "import_tensorflow"):
             continue
         assert (pkg_dir / f"{name}.py").is_file() or (pkg_dir / name / "__init__.py").is_file(), name
         assert importlib.import_module(f"embedlab.{name}") is getattr(embedlab, name)
@@ -84,3 +84,40 @@ def test_this_checkout_data_dir_is_data_cache():
     if not os.environ.get("EMBEDLAB_DATA_DIR") and config.find_checkout() == root:
         assert config.DATA_DIR == root / "data" / "cache"
     assert not config.DATA_DIR.is_relative_to(Path(sys.prefix).resolve())
+
+
+def test_import_tensorflow_drops_the_banner_and_keeps_other_stderr(tmp_path):
+    """The C++ start-up banner goes, other stderr lines stay, and Python INFO logs are off."""
+    plain = _python("import tensorflow", cwd=tmp_path, unset=("EMBEDLAB_DATA_DIR",))
+    if "oneDNN custom operations" not in plain.stderr and "absl::InitializeLog" not in plain.stderr:
+        pytest.skip("this TensorFlow prints no start-up banner, so there is nothing to filter")
+    code = ("import os, sys\n"
+            "os.environ.pop('TF_CPP_MIN_LOG_LEVEL', None)\n"
+            "os.write(2, b'before the import\\n')\n"
+            "import embedlab\n"
+            "tf = embedlab.import_tensorflow()\n"
+            "assert os.environ['TF_CPP_MIN_LOG_LEVEL'] == '2'\n"
+            "tf.get_logger().info('an INFO line that must not show')\n"
+            "os.write(2, b'after the import\\n')\n"
+            "print(tf.__version__)\n")
+    r = _python(code, cwd=tmp_path, unset=("EMBEDLAB_DATA_DIR", "TF_CPP_MIN_LOG_LEVEL"))
+    assert r.returncode == 0, r.stderr
+    assert "before the import" in r.stderr and "after the import" in r.stderr
+    for banner in ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard", "INFO line"):
+        assert banner not in r.stderr, r.stderr
+
+
+def test_progress_bar_needs_no_ipywidgets(monkeypatch):
+    import importlib.util
+    import warnings
+
+    import tqdm as tqdm_pkg
+
+    from embedlab.data import _progress
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ipywidgets" else real(name, *a))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")           # tqdm.auto's IProgress warning would raise here
+        bar = _progress.tqdm(total=3, disable=True)
+    assert type(bar) is tqdm_pkg.std.tqdm

@@ -202,28 +202,28 @@ int64_t HashTable::find_or_insert(const int64_t* keys, int64_t n, int64_t* value
     if (values_out[i] == -1) missing.push_back(i);
   if (missing.empty()) return 0;
 
-  // Pass 2 (exclusive lock, serial, input order): values are assigned deterministically. The
-  // keys are looked up again: a concurrent writer may have added them since pass 1, and a key
+  // Pass 2 (exclusive lock, serial, input order): values are assigned deterministically.
+  // insert_locked probes again and keeps a key found present: a concurrent writer may have
+  // added it since pass 1, a repeated key was inserted by its first occurrence, and a key
   // stored with value -1 (insert_or_assign) reads as absent in pass 1.
   std::unique_lock<std::shared_mutex> l(mu_);
   std::vector<int64_t> inserted_keys;
-  for (int64_t i : missing) {
+  constexpr size_t kAhead = 8;  // prefetch the home slot of the key kAhead misses ahead
+  for (size_t m = 0; m < missing.size(); ++m) {
+    if (m + kAhead < missing.size())
+      __builtin_prefetch(&slots_[hash(keys[missing[m + kAhead]]) & mask_], 1, 1);
+    const int64_t i = missing[m];
     const int64_t key = keys[i];
-    if (const int64_t* present = value_ptr_locked(key)) {
-      values_out[i] = *present;
-      continue;
-    }
     const int64_t cur_size = size_in_slots_ + (has_empty_key_ ? 1 : 0);
-    if (max_size > 0 && cur_size + 1 > max_size) {
+    if (max_size > 0 && cur_size + 1 > max_size && value_ptr_locked(key) == nullptr) {
       if (first_overflow_key != nullptr) *first_overflow_key = key;
       for (int64_t k : inserted_keys) erase_locked(k);  // nothing of this call stays
       for (int64_t p : missing) values_out[p] = lookup_locked(keys[p]);
       return -1;
     }
     int64_t* slot = nullptr;
-    insert_locked(key, cur_size, &slot);
-    inserted_keys.push_back(key);
-    values_out[i] = cur_size;
+    if (insert_locked(key, cur_size, &slot)) inserted_keys.push_back(key);
+    values_out[i] = *slot;
   }
   return static_cast<int64_t>(inserted_keys.size());
 }

@@ -109,6 +109,29 @@ class HashTableHandleOp : public OpKernel {
   int64_t initial_capacity_ = 1024;
 };
 
+class HashTableAnonymousHandleOp : public OpKernel {
+ public:
+  explicit HashTableAnonymousHandleOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("initial_capacity", &initial_capacity_));
+    OP_REQUIRES_OK(c, c->GetAttr("debug_name", &debug_name_));
+    OP_REQUIRES(c, initial_capacity_ >= 1,
+                errors::InvalidArgument(type_string(), ": initial_capacity must be >= 1, got ", initial_capacity_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* handle;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
+    // The handle takes over the creation reference: the table lives as long as a copy of it.
+    auto* res = new HashTableResource(initial_capacity_, debug_name_.empty() ? "anonymous" : debug_name_);
+    handle->scalar<ResourceHandle>()() =
+        ResourceHandle::MakeRefCountingHandle<HashTableResource>(res, ctx->device()->name());
+  }
+
+ private:
+  int64_t initial_capacity_ = 1024;
+  std::string debug_name_;
+};
+
 absl::Status GetTable(OpKernelContext* ctx, core::RefCountPtr<HashTableResource>* out) {
   absl::Status s = LookupResource(ctx, HandleFromInput(ctx, 0), out);
   if (!s.ok())
@@ -237,6 +260,7 @@ class HashTableClearOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabHashTableHandle").Device(DEVICE_CPU), HashTableHandleOp);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabHashTableAnonymousHandle").Device(DEVICE_CPU), HashTableAnonymousHandleOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabHashTableFind").Device(DEVICE_CPU), HashTableFindOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabHashTableFindOrInsert").Device(DEVICE_CPU), HashTableFindOrInsertOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabHashTableInsert").Device(DEVICE_CPU), HashTableInsertOp);

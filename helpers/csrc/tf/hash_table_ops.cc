@@ -37,6 +37,18 @@ resource handle, like MutableHashTableV2. An empty shared_name shares by node na
 initial_capacity: keys that fit before the first rehash (>= 1).
 )doc");
 
+REGISTER_OP("EmbedLabHashTableAnonymousHandle")
+    .Output("table: resource")
+    .Attr("initial_capacity: int = 1024")
+    .Attr("debug_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+Creates a new int64 -> int64 hash table owned by the returned handle (a ref-counting handle,
+like AnonymousHashTable): the table is freed when the last copy of the handle is gone. Every
+execution creates a new table. debug_name appears in error messages.
+)doc");
+
 REGISTER_OP("EmbedLabHashTableFind")
     .Input("table: resource")
     .Input("keys: int64")

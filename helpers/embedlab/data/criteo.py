@@ -260,7 +260,7 @@ def generate(path, rows: int, seed: int = 0, *, progress: bool = True) -> Path:
         raise ValueError(f"generate: rows must be >= 0, got {rows}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"generate: seed must be a non-negative integer, got {seed!r}")
-    from tqdm.auto import tqdm
+    from ._progress import tqdm
 
     path = Path(path)
     params = _gen_params(int(seed))
@@ -790,7 +790,7 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tqdm.auto import tqdm
+    from ._progress import tqdm
 
     if on_error not in ("fail", "skip"):
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")

@@ -488,7 +488,7 @@ def read_keyset(path, *, key_type: str = "uint32") -> np.ndarray:
 def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
                     files_per_list: int | None = None, error_check: bool = True,
                     key_type: str = "uint32", prefix: str = "part",
-                    slots: Sequence[str] | None = None, dense: Sequence[str] | None = None,
+                    slots: Sequence | None = None, dense: Sequence[str] | None = None,
                     progress: bool = True) -> list[Path]:
     """Convert parquet to HugeCTR Norm files + file list(s) + keyset(s), like criteo2hugectr.
 
@@ -503,7 +503,11 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
         samples_per_file: records per data file (HugeCTR's tool uses 40,960).
         files_per_list: data files per file list, or None for a single list.
         error_check: checksum framing. key_type: "uint32" or "int64".
-        slots: categorical columns in slot order (default: all integer/list columns).
+        slots: categorical columns in slot order (default: all integer/list columns). An
+            entry that is itself a list of columns becomes ONE multi-hot slot holding those
+            columns' keys, in that order (what criteo2hugectr does for Wide & Deep):
+            `slots=[["C1_C2", "C3_C4"], "C1", ..., "C26"]` writes the 2-key wide slot first,
+            then the 26 deep slots.
         dense: dense columns (default: all float columns except `label`).
 
     Returns:
@@ -514,10 +518,15 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tqdm.auto import tqdm
+    from ._progress import tqdm
     files = parquet_files(src)
     cols = schema_columns(pq.read_schema(files[0]))
-    slots = list(slots) if slots is not None else cols["sparse"] + cols["ragged"]
+    slots = ([list(c) if isinstance(c, (list, tuple)) else c for c in slots] if slots is not None
+             else cols["sparse"] + cols["ragged"])
+    for c in slots:
+        if isinstance(c, list) and not c:
+            raise ValueError("parquet_to_norm: a multi-hot slot must list at least one column")
+    slot_cols = list(dict.fromkeys(x for c in slots for x in (c if isinstance(c, list) else [c])))
     dense = list(dense) if dense is not None else cols["dense"]
     if cols["label"] is None:
         raise ValueError(f"parquet_to_norm: {files[0]} has no '{LABEL}' column")
@@ -527,14 +536,16 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
         data_files, keysets = [], []
 
         def emit(table):
-            d = {c: table.column(c).combine_chunks() for c in [LABEL] + dense + slots}
-            sl = []
-            for c in slots:
+            d = {c: table.column(c).combine_chunks() for c in [LABEL] + dense + slot_cols}
+
+            def column(c):
                 a = d[c]
                 if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
-                    sl.append((np.asarray(a.offsets, np.int64), np.asarray(a.flatten())))
-                else:
-                    sl.append(a.to_numpy())
+                    return (np.asarray(a.offsets, np.int64), np.asarray(a.flatten()))
+                return a.to_numpy()
+
+            sl = [column(c) if not isinstance(c, list) else _merge_slot([column(x) for x in c], len(table))
+                  for c in slots]
             den = (np.stack([d[c].to_numpy() for c in dense], axis=1) if dense
                    else np.zeros((len(table), 0), np.float32))
             name = f"{prefix}_{len(data_files)}.data"
@@ -550,7 +561,7 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
             for f in files:
                 pf = pq.ParquetFile(f)
                 for batch in pf.iter_batches(batch_size=samples_per_file,
-                                             columns=[LABEL] + dense + slots):
+                                             columns=[LABEL] + dense + slot_cols):
                     t = pa.Table.from_batches([batch])
                     pending = t if pending is None else pa.concat_tables([pending, t])
                     while len(pending) >= samples_per_file:
@@ -573,6 +584,28 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
              "error_check": bool(error_check), "samples_per_file": samples_per_file,
              "files": data_files}, indent=1))
     return lists
+
+
+def _merge_slot(parts, n):
+    """One multi-hot slot from several columns: per row, the keys of each column in order."""
+    splits_l, vals_l = [], []
+    for p in parts:
+        if isinstance(p, tuple):
+            splits_l.append(np.asarray(p[0], np.int64) - int(p[0][0]))
+            vals_l.append(np.asarray(p[1]))
+        else:
+            splits_l.append(np.arange(n + 1, dtype=np.int64))
+            vals_l.append(np.asarray(p))
+    counts = np.stack([np.diff(sp) for sp in splits_l], axis=1)          # [n, k]
+    splits = np.zeros(n + 1, np.int64)
+    np.cumsum(counts.sum(axis=1), out=splits[1:])
+    out = np.empty(int(splits[-1]), np.result_type(*[v.dtype for v in vals_l]))
+    before = splits[:-1] + np.concatenate([np.zeros((n, 1), np.int64), np.cumsum(counts, axis=1)[:, :-1]], axis=1).T
+    for c, (sp, v) in enumerate(zip(splits_l, vals_l)):
+        cnt = counts[:, c]
+        pos = np.repeat(before[c], cnt) + (np.arange(int(cnt.sum())) - np.repeat(sp[:-1], cnt))
+        out[pos] = v
+    return splits, out
 
 
 # --------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from .. import plugin
 __all__ = ["DeepFM", "NativeSlotEmbedding", "criteo_inputs", "load_criteo_parquet"]
 
 
+@keras.saving.register_keras_serializable(package="embedlab")
 class NativeSlotEmbedding(keras.layers.Layer):
     """`keras.layers.Embedding` pooled per slot: `[batch, slots, max_nnz]` keys (-1 = none) -> `[batch, slots, dim]`.
 
@@ -60,6 +61,12 @@ class NativeSlotEmbedding(keras.layers.Layer):
             self.vocabulary_size, self.embedding_vec_size,
             embeddings_initializer=lambda shape, dtype=None: tf.constant(init))
 
+    def get_config(self):
+        cfg = super().get_config()
+        cfg.update(vocabulary_size=self.vocabulary_size, embedding_vec_size=self.embedding_vec_size,
+                   combiner=self.combiner, seed=self.seed)
+        return cfg
+
     def call(self, ids):
         ids = tf.convert_to_tensor(ids)
         valid = ids >= 0
@@ -71,6 +78,7 @@ class NativeSlotEmbedding(keras.layers.Layer):
         return pooled
 
 
+@keras.saving.register_keras_serializable(package="embedlab")
 class DeepFM(keras.Model):
     """DeepFM click model over `{"dense": [b, dense_dim], "sparse": [b, slot_num, max_nnz]}`.
 
@@ -87,6 +95,11 @@ class DeepFM(keras.Model):
             itself (None: the model's optimizer trains the table, through IndexedSlices).
         embedding_type, slot_size_array, devices: passed to the plugin layer.
         seed: initial rows of the embedding (same for both kinds) and of the dense layers.
+
+    Saving: `model.save("m.keras")` and `keras.saving.load_model("m.keras")` (in any process
+    that imports embedlab.models), and `model.export(dir)`, a SavedModel for serving whose
+    `serve` endpoint takes `{"dense": float32 [b, dense_dim], "sparse": int64 [b, slot_num,
+    max_nnz]}` (see `input_signature()`).
 
     Example:
         >>> m = DeepFM(1000, slot_num=26, deep_layers=(64, 64))
@@ -107,6 +120,10 @@ class DeepFM(keras.Model):
         self.vocabulary_size, self.slot_num, self.dense_dim = int(vocabulary_size), int(slot_num), int(dense_dim)
         self.embedding_vec_size, self.max_nnz = int(embedding_vec_size), int(max_nnz)
         self.embedding_kind, self.combiner = embedding, combiner
+        self.deep_layers = tuple(int(u) for u in deep_layers)
+        self.embedding_type, self.seed = embedding_type, int(seed)
+        self.slot_size_array = None if slot_size_array is None else [int(n) for n in slot_size_array]
+        self.embedding_optimizer = embedding_optimizer
         width = self.embedding_vec_size + 1
         if embedding == "plugin":
             self.embedding = plugin.EmbeddingLayer(
@@ -121,6 +138,55 @@ class DeepFM(keras.Model):
         self.deep = [keras.layers.Dense(u, activation="relu", kernel_initializer=init(i), name=f"deep_{i}")
                      for i, u in enumerate(deep_layers)]
         self.deep_out = keras.layers.Dense(1, kernel_initializer=init(101), name="deep_out")
+
+    def get_config(self):
+        cfg = super().get_config()
+        opt = self.embedding_optimizer
+        cfg.update(vocabulary_size=self.vocabulary_size, slot_num=self.slot_num, dense_dim=self.dense_dim,
+                   embedding_vec_size=self.embedding_vec_size, deep_layers=list(self.deep_layers),
+                   embedding=self.embedding_kind, combiner=self.combiner, max_nnz=self.max_nnz,
+                   embedding_optimizer=None if opt is None else keras.optimizers.serialize(opt),
+                   embedding_type=self.embedding_type, slot_size_array=self.slot_size_array, seed=self.seed)
+        return cfg
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        opt = config.pop("embedding_optimizer", None)
+        if isinstance(opt, dict):
+            opt = keras.optimizers.deserialize(opt)
+        return cls(embedding_optimizer=opt, **config)
+
+    def get_build_config(self):
+        return {"dense_dim": self.dense_dim, "slot_num": self.slot_num, "max_nnz": self.max_nnz}
+
+    def build_from_config(self, config):
+        # Creates the dense layers' weights (the embedding's exist from __init__) with one forward
+        # pass over an all-padding batch, so that a loaded model can take its saved weights.
+        if not self.built:
+            self({"dense": tf.zeros([1, self.dense_dim], tf.float32),
+                  "sparse": tf.fill([1, self.slot_num, self.max_nnz], tf.constant(-1, tf.int64))})
+
+    def input_signature(self) -> list:
+        """The serving signature: one dict of `dense` float32 and `sparse` int64 keys."""
+        return [{"dense": tf.TensorSpec([None, self.dense_dim], tf.float32, name="dense"),
+                 "sparse": tf.TensorSpec([None, self.slot_num, self.max_nnz], tf.int64, name="sparse")}]
+
+    @property
+    def _default_save_signature(self):
+        # Keras builds the default SavedModel signature of a subclassed model with one dtype
+        # (float32) for every input; the keys are int64.
+        @tf.function(input_signature=self.input_signature())
+        def serving_default(inputs):
+            return self(inputs)
+
+        return serving_default
+
+    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+        """`keras.Model.export` with this model's typed signature (int64 keys) as the default."""
+        if input_signature is None and format == "tf_saved_model":
+            input_signature = self.input_signature()
+        return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs)
 
     def call(self, inputs, training=False):
         dense = tf.convert_to_tensor(inputs["dense"], tf.float32)

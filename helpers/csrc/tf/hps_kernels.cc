@@ -1,0 +1,88 @@
+// Host kernel of EmbedLabHpsLookup. The parameter server (embedlab.hps.ParameterServer, with its
+// Redis and RocksDB clients) is Python, so the kernel calls a C callback that embedlab.hps
+// registers through embedlab_hps_set_lookup_callback() (ctypes) at import. The callback takes
+// the GIL, finds or starts the server for ps_config_file and fills the output. Keeping the tiers
+// in one Python implementation means the layers, the Triton python backend and the notebooks
+// all see the same server, its statistics and its fault handling.
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+extern "C" {
+// Returns 0 on success; otherwise writes a NUL-terminated message into err (err_len bytes).
+typedef int (*EmbedLabHpsLookupFn)(const char* ps_config_file, const char* model_name, int64_t table_id,
+                                   int64_t global_batch_size, const int64_t* keys, int64_t n, float* out,
+                                   int64_t dim, char* err, int64_t err_len);
+}
+
+namespace {
+std::atomic<EmbedLabHpsLookupFn> g_lookup{nullptr};
+}
+
+extern "C" __attribute__((visibility("default"))) void embedlab_hps_set_lookup_callback(EmbedLabHpsLookupFn fn) {
+  g_lookup.store(fn);
+}
+
+extern "C" __attribute__((visibility("default"))) int embedlab_hps_has_lookup_callback() {
+  return g_lookup.load() != nullptr;
+}
+
+namespace tensorflow {
+namespace {
+
+class HpsLookupOp : public OpKernel {
+ public:
+  explicit HpsLookupOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("model_name", &model_));
+    OP_REQUIRES_OK(c, c->GetAttr("table_id", &table_id_));
+    OP_REQUIRES_OK(c, c->GetAttr("emb_vec_size", &dim_));
+    OP_REQUIRES_OK(c, c->GetAttr("ps_config_file", &config_));
+    OP_REQUIRES_OK(c, c->GetAttr("global_batch_size", &global_batch_size_));
+    OP_REQUIRES(c, !model_.empty(), errors::InvalidArgument("EmbedLabHpsLookup: model_name must not be empty"));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    TensorShape out_shape = ids.shape();
+    out_shape.AddDim(dim_);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    const int64_t n = ids.NumElements();
+    if (n == 0) return;
+    EmbedLabHpsLookupFn fn = g_lookup.load();
+    OP_REQUIRES(ctx, fn != nullptr,
+                errors::FailedPrecondition("EmbedLabHpsLookup: no parameter server callback is registered in this "
+                                           "process; `import embedlab.hps` (after TensorFlow) before running or "
+                                           "loading a model that holds HPS layers"));
+    Tensor keys64;
+    const int64_t* keys = nullptr;
+    if (ids.dtype() == DT_INT64) {
+      keys = ids.flat<int64_t>().data();
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(DT_INT64, TensorShape({n}), &keys64));
+      auto src = ids.flat<int32_t>();
+      auto dst = keys64.flat<int64_t>();
+      for (int64_t i = 0; i < n; ++i) dst(i) = src(i);
+      keys = dst.data();
+    }
+    char err[2048];
+    err[0] = '\0';
+    const int rc = fn(config_.c_str(), model_.c_str(), table_id_, global_batch_size_, keys, n,
+                      out->flat<float>().data(), dim_, err, sizeof(err));
+    OP_REQUIRES(ctx, rc == 0,
+                errors::InvalidArgument("EmbedLabHpsLookup(model_name='", model_, "', table_id=", table_id_,
+                                        "): ", err[0] ? err : "the parameter server failed"));
+  }
+
+ private:
+  std::string model_, config_;
+  int64_t table_id_ = 0, dim_ = 1, global_batch_size_ = 1;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabHpsLookup").Device(DEVICE_CPU), HpsLookupOp);
+
+}  // namespace
+}  // namespace tensorflow

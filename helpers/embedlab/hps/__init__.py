@@ -1,0 +1,46 @@
+"""embedlab.hps: HugeCTR's Hierarchical Parameter Server, on the CPU, with real Redis and RocksDB.
+
+* :func:`Init` (alias :func:`init`) reads HugeCTR's HPS JSON and starts the :class:`ParameterServer`
+  for it (embedding cache -> ``hash_map`` / ``parallel_hash_map`` / ``redis_cluster`` ->
+  ``rocks_db`` -> default value).
+* :class:`LookupLayer` / :class:`SparseLookupLayer`: Keras layers over the TensorFlow op
+  ``EmbedLabHpsLookup``; a SavedModel holding them initialises its server from
+  ``ps_config_file`` on first call in a fresh process (after ``import embedlab.hps``).
+* :func:`write_sparse_model` / :func:`read_sparse_model`: the ``key`` / ``emb_vector`` folder
+  (the package's one implementation, :mod:`embedlab.sparse_model`).
+* :mod:`embedlab.hps.redis`: start/stop a local Redis (one node or a cluster) for the volatile tier.
+
+Importing this package does not import TensorFlow. When TensorFlow is already imported, the op
+library's lookup callback is registered at once (so ``tf.saved_model.load`` of a model with HPS
+layers works right after ``import embedlab.hps``); otherwise on first use of the layers, or
+through :func:`register_tf_callback`.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..sparse_model import read_sparse_model, write_sparse_model
+from .config import HPSConfig, HPSConfigError, load_config
+from .server import HPSLookupError, ParameterServer
+from .tiers import TierError, TierUnavailable
+from ._registry import Init, get_server, init, servers, shutdown
+
+__all__ = ["Init", "init", "shutdown", "get_server", "servers", "ParameterServer", "HPSConfig", "HPSConfigError",
+           "HPSLookupError", "TierError", "TierUnavailable", "load_config", "LookupLayer", "SparseLookupLayer",
+           "write_sparse_model", "read_sparse_model", "register_tf_callback"]
+
+
+def register_tf_callback() -> None:
+    """Loads EmbedLab's TensorFlow op library and registers the lookup callback (imports TF)."""
+    from . import layers  # noqa: F401  (registers at import)
+
+
+def __getattr__(name):
+    if name in ("LookupLayer", "SparseLookupLayer"):
+        from . import layers
+        return getattr(layers, name)
+    raise AttributeError(f"module 'embedlab.hps' has no attribute {name!r}")
+
+
+if "tensorflow" in sys.modules:
+    register_tf_callback()

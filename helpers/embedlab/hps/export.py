@@ -1,0 +1,416 @@
+"""Train a naive TF DNN, split it into embedding + dense parts, and export both for the HPS and Triton.
+
+This is HugeCTR's "HPS + Triton ensemble, 01 model training" workflow
+(``hugectr_backend:hps_backend/samples/hps-triton-ensemble/01_model_training.ipynb``):
+
+1. mock data in HPS's input format: ``slot_num`` keys per sample, slot ``s`` drawing from
+   ``vocabulary_range_per_slot[s]``, and a 0/1 label;
+2. a native TF DNN (``tf.nn.embedding_lookup`` on one table, fc 256 / 128 / 1) trained with Adam;
+3. the dense part as its own SavedModel, plus a reshaping wrapper (HPS returns flat vectors);
+4. the embedding table written as ``key`` / ``emb_vector`` (:func:`embedlab.sparse_model.write_sparse_model`);
+5. the dense part converted to ONNX (tf2onnx), checked with ``onnx.checker`` and onnxruntime;
+6. the inference model rebuilt with :class:`embedlab.hps.LookupLayer` over the HPS JSON.
+
+:func:`export_for_serving` does all of it into ``DATA_DIR / "hps_triton"`` and writes the
+manifest ``serving.json`` that the serving notebook reads.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .. import config as _config
+from ..data._atomic import atomic_file
+from ..sparse_model import write_sparse_model
+
+log = logging.getLogger("embedlab.hps")
+
+__all__ = ["DemoArgs", "demo_args", "generate_random_samples", "train_naive_dnn", "dense_part",
+           "save_dense_savedmodels", "export_onnx", "check_onnx", "write_embedding",
+           "write_hps_json", "serving_tiers", "write_manifest", "InferenceModel", "build_inference_model", "export_for_serving",
+           "MODEL_NAME", "ONNX_INPUT", "ONNX_OUTPUT"]
+
+MODEL_NAME = "naive_dnn"
+TABLE_NAME = "sparse_embedding1"
+ONNX_INPUT = "dense_input"
+ONNX_OUTPUT = "logits"
+
+
+@dataclass
+class DemoArgs:
+    """The sizes of the demo (HugeCTR's sample: 3 slots of 10,000 keys, dim 16)."""
+    embed_vec_size: int = 16
+    slot_num: int = 3
+    vocabulary_range_per_slot: list = field(default_factory=lambda: [[0, 10000], [10000, 20000], [20000, 30000]])
+    global_batch_size: int = 1024
+    iter_num: int = 10
+    learning_rate: float = 0.01
+    seed: int = 0
+
+    @property
+    def max_vocabulary_size(self) -> int:
+        return int(self.vocabulary_range_per_slot[-1][1])
+
+
+def demo_args(scale=None) -> DemoArgs:
+    """DemoArgs for ``embedlab.config.SCALE`` (ci: 10 steps of 1,024; small: 40 of 4,096; full: 10 of 65,536)."""
+    scale = scale or _config.SCALE
+    if scale.name == "ci":
+        return DemoArgs(global_batch_size=1024, iter_num=10)
+    if scale.name == "small":
+        return DemoArgs(global_batch_size=4096, iter_num=40)
+    return DemoArgs(global_batch_size=65536, iter_num=10)
+
+
+def generate_random_samples(num_samples: int, vocabulary_range_per_slot, rng=None):
+    """keys int64 ``[num_samples, slot_num]`` (slot s uniform in its range) and labels int ``[num_samples, 1]``."""
+    rng = np.random.default_rng(rng)
+    keys = np.stack([rng.integers(lo, hi, size=num_samples, dtype=np.int64)
+                     for lo, hi in vocabulary_range_per_slot], axis=1)
+    labels = rng.integers(0, 2, size=(num_samples, 1)).astype(np.float32)
+    return keys, labels
+
+
+def _tf():
+    import tensorflow as tf
+    return tf
+
+
+def _naive_dnn_class():
+    tf = _tf()
+
+    class NaiveDNN(tf.keras.Model):
+        """``tf.nn.embedding_lookup`` on one table, then fc 256 (relu) / 128 (relu) / 1 (logit)."""
+
+        def __init__(self, init_table, slot_num, embed_vec_size, seed=0, **kwargs):
+            super().__init__(**kwargs)
+            self.slot_num, self.embed_vec_size = slot_num, embed_vec_size
+            self.params = tf.Variable(init_table, name="embedding_table")
+            init = tf.keras.initializers.GlorotUniform
+            self.fc_1 = tf.keras.layers.Dense(256, activation="relu", kernel_initializer=init(seed), name="fc_1")
+            self.fc_2 = tf.keras.layers.Dense(128, activation="relu", kernel_initializer=init(seed + 1), name="fc_2")
+            self.fc_3 = tf.keras.layers.Dense(1, activation=None, kernel_initializer=init(seed + 2), name="fc_3")
+
+        def call(self, inputs):
+            emb = tf.nn.embedding_lookup(params=self.params, ids=inputs)
+            emb = tf.reshape(emb, [-1, self.slot_num * self.embed_vec_size])
+            return self.fc_3(self.fc_2(self.fc_1(emb))), emb
+
+    return NaiveDNN
+
+
+def train_naive_dnn(args: DemoArgs, log_every: int = 1):
+    """Trains the DNN with Adam on mock data; returns ``(model, losses, (keys, labels))``."""
+    tf = _tf()
+    tf.keras.utils.set_random_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    init = rng.uniform(-0.05, 0.05, (args.max_vocabulary_size, args.embed_vec_size)).astype(np.float32)
+    model = _naive_dnn_class()(init, args.slot_num, args.embed_vec_size, seed=args.seed)
+    opt = tf.keras.optimizers.Adam(learning_rate=args.learning_rate)
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+    keys, labels = generate_random_samples(args.global_batch_size * args.iter_num, args.vocabulary_range_per_slot, rng)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            logit, _ = model(x)
+            loss = loss_fn(y, logit)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    losses = []
+    b = args.global_batch_size
+    for i in range(args.iter_num):
+        loss = float(step(tf.constant(keys[i * b:(i + 1) * b]), tf.constant(labels[i * b:(i + 1) * b])))
+        losses.append(loss)
+        if log_every and (i % log_every == 0 or i == args.iter_num - 1):
+            print(f"step {i:4d}  loss {loss:.5f}")
+    return model, losses, (keys, labels)
+
+
+def dense_part(model, args: DemoArgs):
+    """The trained fc layers as their own Keras model: ``[batch, slot_num * dim]`` -> ``[batch, 1]``."""
+    tf = _tf()
+    x = tf.keras.Input(shape=(args.slot_num * args.embed_vec_size,), dtype=tf.float32, name=ONNX_INPUT)
+    y = model.fc_3(model.fc_2(model.fc_1(x)))
+    return tf.keras.Model(x, y, name="tf_dense_model")
+
+
+def save_dense_savedmodels(dense, args: DemoArgs, dense_path, reshape_path) -> None:
+    """Saves the dense model (signature input ``dense_input`` [batch, slot*dim] -> ``logits``) and
+    HugeCTR's reshaping wrapper (input ``lookup_vectors``: the HPS's flat vectors, float32 of any
+    shape, reshaped to [batch, slot*dim] -> ``logits``) as SavedModels."""
+    tf = _tf()
+    width = args.slot_num * args.embed_vec_size
+
+    class Dense(tf.Module):
+        def __init__(self, dense):
+            super().__init__()
+            self.dense = dense
+
+        @tf.function(input_signature=[tf.TensorSpec([None, width], tf.float32, name=ONNX_INPUT)])
+        def serve(self, x):
+            return {"logits": self.dense(x)}
+
+    class Reshape(tf.Module):
+        def __init__(self, dense):
+            super().__init__()
+            self.dense = dense
+
+        @tf.function(input_signature=[tf.TensorSpec(None, tf.float32, name="lookup_vectors")])
+        def serve(self, v):
+            return {"logits": self.dense(tf.reshape(v, [-1, width]))}
+
+    for cls, path in ((Dense, dense_path), (Reshape, reshape_path)):
+        m = cls(dense)
+        _save_atomic(m, path, m.serve)
+
+
+def _save_atomic(module, path, serve) -> None:
+    import shutil
+    tf = _tf()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tf.saved_model.save(module, str(tmp), signatures={"serving_default": serve})
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+
+
+def export_onnx(dense, args: DemoArgs, path, opset: int = 13) -> dict:
+    """Converts the dense model to ONNX with tf2onnx (dynamic batch); returns input/output names."""
+    tf = _tf()
+    import tf2onnx
+    width = args.slot_num * args.embed_vec_size
+    fn = tf.function(lambda x: dense(x))
+    spec = (tf.TensorSpec([None, width], tf.float32, name=ONNX_INPUT),)
+    model_proto, _ = tf2onnx.convert.from_function(fn, input_signature=spec, opset=opset)
+    # tf2onnx names the output after the TF graph ("Identity:0"); give it a stable name.
+    old = model_proto.graph.output[0].name
+    for node in model_proto.graph.node:
+        for i, o in enumerate(node.output):
+            if o == old:
+                node.output[i] = ONNX_OUTPUT
+    model_proto.graph.output[0].name = ONNX_OUTPUT
+    with atomic_file(Path(path)) as tmp:
+        Path(tmp).write_bytes(model_proto.SerializeToString())
+    return {"input": model_proto.graph.input[0].name, "output": model_proto.graph.output[0].name}
+
+
+def check_onnx(path, dense, args: DemoArgs, batch: int = 257, seed: int = 1) -> float:
+    """``onnx.checker`` on the file, then onnxruntime against TensorFlow on random inputs;
+    returns the max abs difference."""
+    import onnx
+    import onnxruntime as ort
+    onnx.checker.check_model(onnx.load(str(path)))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(seed).standard_normal((batch, args.slot_num * args.embed_vec_size)).astype(np.float32)
+    got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    ref = dense(x).numpy()
+    return float(np.max(np.abs(got - ref)))
+
+
+def write_embedding(model, path) -> Path:
+    """The trained table as ``key`` (0..V-1) / ``emb_vector``."""
+    table = model.params.numpy()
+    return write_sparse_model(path, np.arange(table.shape[0], dtype=np.int64), table)
+
+
+def write_hps_json(path, sparse_dir, args: DemoArgs, *, model_name: str = MODEL_NAME, gpucache: bool = True,
+                   gpucacheper: float = 0.5, volatile_db: dict | None = None,
+                   persistent_db: dict | None = None, max_batch_size: int | None = None) -> Path:
+    """Writes the HPS JSON for the demo model (absolute paths), atomically."""
+    cfg = {
+        "supportlonglong": True,
+        "volatile_db": volatile_db or {"type": "parallel_hash_map", "initial_cache_rate": 1.0},
+        "persistent_db": persistent_db or {"type": "disabled"},
+        "models": [{
+            "model": model_name,
+            "sparse_files": [str(Path(sparse_dir).resolve())],
+            "embedding_table_names": [TABLE_NAME],
+            "embedding_vecsize_per_table": [args.embed_vec_size],
+            "maxnum_catfeature_query_per_table_per_sample": [args.slot_num],
+            "default_value_for_each_table": [0.0],
+            "deployed_device_list": [0],
+            "max_batch_size": int(max_batch_size or args.global_batch_size),
+            "hit_rate_threshold": 0.9,
+            "gpucacheper": gpucacheper,
+            "gpucache": gpucache,
+            "embedding_cache_type": "dynamic",
+        }],
+    }
+    with atomic_file(Path(path)) as tmp:
+        Path(tmp).write_text(json.dumps(cfg, indent=2) + "\n")
+    return Path(path)
+
+
+def _inference_module(ps_config_file: str, dense, args: DemoArgs, model_name: str = MODEL_NAME):
+    tf = _tf()
+    from .layers import LookupLayer
+
+    class InferenceModel(tf.Module):
+        """keys int64 ``[batch, slot_num]`` -> ``{"logits": [batch, 1], "embeddings": [batch, slot*dim]}``."""
+
+        def __init__(self):
+            super().__init__()
+            self.lookup = LookupLayer(model_name, 0, args.embed_vec_size, ps_config_file=str(ps_config_file),
+                                      global_batch_size=args.global_batch_size)
+            self.dense = dense
+
+        @tf.function(input_signature=[tf.TensorSpec([None, args.slot_num], tf.int64, name="keys")])
+        def serve(self, keys):
+            emb = tf.reshape(self.lookup(keys), [-1, args.slot_num * args.embed_vec_size])
+            return {"logits": self.dense(emb), "embeddings": emb}
+
+    return InferenceModel()
+
+
+InferenceModel = _inference_module  # the factory (the class needs TensorFlow, imported lazily)
+
+
+def build_inference_model(ps_config_file, dense, args: DemoArgs, path=None, model_name: str = MODEL_NAME):
+    """The inference model: ``hps.LookupLayer`` + the dense part; saved as a SavedModel when ``path`` is given."""
+    m = _inference_module(ps_config_file, dense, args, model_name)
+    if path is not None:
+        _save_atomic(m, path, m.serve)
+    return m
+
+
+def compare_with_trained(trained, infer, keys) -> dict:
+    """MSE of the inference model's logits and embeddings against the trained model's."""
+    tf = _tf()
+    ref_logit, ref_emb = trained(tf.constant(keys))
+    out = infer.serve(tf.constant(keys))
+    return {"logits_mse": float(np.mean((out["logits"].numpy() - ref_logit.numpy()) ** 2)),
+            "embeddings_mse": float(np.mean((out["embeddings"].numpy() - ref_emb.numpy()) ** 2))}
+
+
+def _native_tiers_available() -> bool:
+    try:
+        from .._native import core
+        c = core()
+        return hasattr(c, "EmbeddingCache") and hasattr(c, "HashMapStore")
+    except Exception:
+        return False
+
+
+def serving_tiers(out_dir, sparse_dir, args: DemoArgs, native_tiers: bool | None = None) -> dict:
+    """The tiers of ``hps_demo.json``: the compiled cache + ``parallel_hash_map`` (``native_tiers``),
+    or a RocksDB filled here and opened read-only by the servers (several Triton instances may
+    share it). None: the compiled tiers when this build has them (logged).
+
+    Returns:
+        keyword arguments for :func:`write_hps_json` (``gpucache``, ``volatile_db``, ``persistent_db``).
+    """
+    if native_tiers is None:
+        native_tiers = _native_tiers_available()
+        log.info("HPS demo config: %s", "compiled cache + parallel_hash_map tiers" if native_tiers
+                 else "this build has no compiled cache / hash map: rocks_db tier only")
+    if native_tiers:
+        return dict(gpucache=True, volatile_db={"type": "parallel_hash_map", "initial_cache_rate": 1.0},
+                    persistent_db={"type": "disabled"})
+    from .server import ParameterServer
+    out_dir = Path(out_dir)
+    rdb = out_dir / "naive_dnn_rocksdb"
+    fill = out_dir / ".hps_fill.json"
+    write_hps_json(fill, sparse_dir, args, gpucache=False, volatile_db={"type": "disabled"},
+                   persistent_db={"type": "rocks_db", "path": str(rdb), "read_only": False})
+    ParameterServer(str(fill)).close()
+    fill.unlink()
+    return dict(gpucache=False, volatile_db={"type": "disabled"},
+                persistent_db={"type": "rocks_db", "path": str(rdb), "read_only": True})
+
+
+def write_manifest(out_dir, args: DemoArgs, onnx_names: dict, checks: dict, tiers: dict) -> dict:
+    """Writes ``serving.json`` (absolute paths of the files :func:`export_for_serving` lays out)."""
+    out = Path(out_dir).resolve()
+    manifest = {
+        "model_name": MODEL_NAME,
+        "ps_config_file": str(out / "hps_demo.json"),
+        "table_id": 0,
+        "emb_vec_size": args.embed_vec_size,
+        "slot_num": args.slot_num,
+        "keys_per_sample": args.slot_num,
+        "onnx_file": str(out / "dense.onnx"),
+        "onnx_input": onnx_names["input"],
+        "onnx_output": onnx_names["output"],
+        "dense_savedmodel": str(out / "naive_dnn_dense.model"),
+        "inference_savedmodel": str(out / "naive_dnn_inference.model"),
+        "reshape_dense_savedmodel": str(out / "naive_dnn_reshape_dense.model"),
+        "sparse_model": str(out / "naive_dnn_sparse.model"),
+        "vocabulary_range_per_slot": args.vocabulary_range_per_slot,
+        "tiers": {"gpucache": tiers["gpucache"], "volatile_db": tiers["volatile_db"]["type"],
+                  "persistent_db": tiers["persistent_db"]["type"]},
+        "checks": checks,
+    }
+    for k in ("ps_config_file", "onnx_file", "dense_savedmodel", "inference_savedmodel", "sparse_model"):
+        if not Path(manifest[k]).exists():
+            raise FileNotFoundError(f"write_manifest: {k} {manifest[k]} does not exist; export it first")
+    with atomic_file(out / "serving.json") as tmp:
+        Path(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tiers: bool | None = None,
+                       trained=None, verbose: bool = True) -> dict:
+    """Trains (unless ``trained=(model, losses)`` is given) and writes everything serving needs.
+
+    Writes into ``out_dir`` (default ``embedlab.config.DATA_DIR / "hps_triton"``):
+
+    * ``naive_dnn_sparse.model/`` (``key`` / ``emb_vector``) and ``hps_demo.json`` (absolute paths);
+    * ``dense.onnx`` (input ``dense_input`` ``[batch, slot_num * dim]``);
+    * ``naive_dnn_dense.model/`` (dense SavedModel), ``naive_dnn_reshape_dense.model/`` (the reshaping
+      wrapper), ``naive_dnn_inference.model/`` (``hps.LookupLayer`` + dense, keys ``[batch, slot_num]``);
+    * ``serving.json``, the manifest: ``model_name``, ``ps_config_file``, ``table_id``, ``emb_vec_size``,
+      ``slot_num``, ``keys_per_sample``, ``onnx_file``, ``onnx_input``, ``onnx_output``,
+      ``dense_savedmodel``, ``inference_savedmodel`` (absolute paths), plus
+      ``reshape_dense_savedmodel``, ``checks`` (ONNX max abs diff, inference MSEs) and ``tiers``.
+
+    Args:
+        native_tiers: use the compiled embedding cache and ``parallel_hash_map`` in ``hps_demo.json``
+            (True), or the ``rocks_db`` tier alone (False). None: the compiled tiers when this build
+            has them (logged, and recorded in the manifest's ``tiers``).
+
+    Returns:
+        The manifest dict.
+    """
+    tf = _tf()
+    from ._registry import shutdown
+    out = Path(out_dir or (_config.DATA_DIR / "hps_triton")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    args = args or demo_args()
+    if trained is None:
+        model, losses, _ = train_naive_dnn(args, log_every=0 if not verbose else max(1, args.iter_num // 5))
+    else:
+        model, losses = trained
+    sparse = out / "naive_dnn_sparse.model"
+    write_embedding(model, sparse)
+    dense = dense_part(model, args)
+    dense_sm, reshape_sm = out / "naive_dnn_dense.model", out / "naive_dnn_reshape_dense.model"
+    save_dense_savedmodels(dense, args, dense_sm, reshape_sm)
+    onnx_file = out / "dense.onnx"
+    names = export_onnx(dense, args, onnx_file)
+    onnx_diff = check_onnx(onnx_file, dense, args)
+    hps_json = out / "hps_demo.json"
+    tiers = serving_tiers(out, sparse, args, native_tiers)
+    write_hps_json(hps_json, sparse, args, **tiers)
+    shutdown(str(hps_json))
+    infer_sm = out / "naive_dnn_inference.model"
+    infer = build_inference_model(str(hps_json), dense, args, path=infer_sm)
+    keys, _ = generate_random_samples(512, args.vocabulary_range_per_slot, np.random.default_rng(args.seed + 7))
+    checks = compare_with_trained(model, infer, keys)
+    shutdown(str(hps_json))   # release the server (and its RocksDB) for the serving processes
+    checks["onnx_max_abs_diff"] = onnx_diff
+    checks["final_loss"] = float(losses[-1]) if losses else None
+    manifest = write_manifest(out, args, names, checks, tiers)
+    if verbose:
+        print(f"wrote {out / 'serving.json'}: onnx max|diff| {onnx_diff:.2e}, logits MSE {checks['logits_mse']:.2e}")
+    return manifest

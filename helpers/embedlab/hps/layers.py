@@ -1,0 +1,178 @@
+"""Keras layers over the HPS: ``LookupLayer`` and ``SparseLookupLayer`` (HugeCTR's ``hps_tf`` API).
+
+Both run the TensorFlow op ``EmbedLabHpsLookup`` (``csrc/tf/hps_ops.cc``). Its host kernel calls
+back into this process's :class:`~embedlab.hps.ParameterServer` through a C function pointer that
+this module registers with the op library at import (ctypes; the callback takes the GIL). Why a
+callback rather than tiers in C++: the server (cache, hash map, Redis and RocksDB clients, fault
+handling, statistics) exists once, in Python, and the layers, the Triton python backend and the
+notebooks share it; the compiled cache and hash map it calls release the GIL. The op stores
+``model_name``, ``table_id``, ``emb_vec_size``, ``ps_config_file`` and ``global_batch_size`` as
+attributes, so a SavedModel that holds the layers, reloaded in a fresh process after
+``import embedlab.hps``, starts its server from ``ps_config_file`` on first call (HugeCTR's
+implicit initialisation).
+
+This is the only module of :mod:`embedlab.hps` that imports TensorFlow.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+import tensorflow as tf
+
+from .._native import _HERE, tf_ops
+from ._registry import get_server
+
+__all__ = ["LookupLayer", "SparseLookupLayer", "hps_lookup"]
+
+_CALLBACK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int64,
+                                  ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                  ctypes.c_int64)
+_lock = threading.Lock()
+_registered: list = []   # keeps the ctypes callback alive for the life of the process
+
+
+def _lookup_callback(config, model, table_id, global_batch_size, keys_ptr, n, out_ptr, dim, err_ptr, err_len):
+    try:
+        ps = get_server(config.decode() if config else "", global_batch_size=global_batch_size)
+        keys = np.frombuffer((ctypes.c_int64 * n).from_address(keys_ptr), dtype=np.int64)
+        rows = ps.lookup(model.decode(), int(table_id), keys)
+        if rows.shape[1] != dim:
+            raise ValueError(f"emb_vec_size is {dim} but table {table_id} of model {model.decode()!r} "
+                             f"has vectors of {rows.shape[1]}")
+        out = np.frombuffer((ctypes.c_float * (n * dim)).from_address(out_ptr), dtype=np.float32)
+        out[:] = rows.reshape(-1)
+        return 0
+    except BaseException as e:  # never let an exception cross into C++
+        msg = f"{type(e).__name__}: {e}".encode(errors="replace")[:max(0, err_len - 1)]
+        ctypes.memmove(err_ptr, msg + b"\0", len(msg) + 1)
+        return 1
+
+
+def _register() -> None:
+    with _lock:
+        if _registered:
+            return
+        tf_ops()  # loads (and checks) the op library, registering the op
+        lib = ctypes.CDLL(str(_HERE / "_embedlab_ops.so"))
+        cb = _CALLBACK_TYPE(_lookup_callback)
+        lib.embedlab_hps_set_lookup_callback.argtypes = [_CALLBACK_TYPE]
+        lib.embedlab_hps_set_lookup_callback.restype = None
+        lib.embedlab_hps_set_lookup_callback(cb)
+        _registered.extend([lib, cb])
+
+
+_register()
+
+
+def hps_lookup(ids, model_name: str, table_id: int, emb_vec_size: int, ps_config_file: str = "",
+               global_batch_size: int = 1):
+    """The raw op: ``ids`` (int32/int64, any shape) -> float32 ``ids.shape + [emb_vec_size]``."""
+    ids = tf.convert_to_tensor(ids)
+    if ids.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"hps lookup: ids must be int32 or int64, got {ids.dtype.name}")
+    return tf_ops().embed_lab_hps_lookup(ids=ids, model_name=model_name, table_id=int(table_id),
+                                         emb_vec_size=int(emb_vec_size), ps_config_file=str(ps_config_file),
+                                         global_batch_size=int(global_batch_size), dtype=tf.float32)
+
+
+def _check_args(model_name, table_id, emb_vec_size, emb_vec_dtype, global_batch_size):
+    if not isinstance(model_name, str) or not model_name:
+        raise ValueError(f"hps layer: model_name must be a non-empty string, got {model_name!r}")
+    if isinstance(table_id, bool) or not isinstance(table_id, int) or table_id < 0:
+        raise ValueError(f"hps layer: table_id must be an int >= 0, got {table_id!r}")
+    if isinstance(emb_vec_size, bool) or not isinstance(emb_vec_size, int) or emb_vec_size < 1:
+        raise ValueError(f"hps layer: emb_vec_size must be an int >= 1, got {emb_vec_size!r}")
+    if tf.as_dtype(emb_vec_dtype) != tf.float32:
+        raise ValueError(f"hps layer: emb_vec_dtype must be tf.float32 (the sparse files hold float32), "
+                         f"got {tf.as_dtype(emb_vec_dtype).name}")
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise ValueError(f"hps layer: global_batch_size must be an int >= 1, got {global_batch_size!r}")
+
+
+def _clip(emb, max_norm):
+    if max_norm is None:
+        return emb
+    return tf.clip_by_norm(emb, max_norm, axes=[-1])
+
+
+class LookupLayer(tf.keras.layers.Layer):
+    """HugeCTR's ``hps.LookupLayer``: like ``tf.nn.embedding_lookup`` on an HPS table.
+
+    Args:
+        model_name: the model's ``model`` in the HPS JSON.
+        table_id: index into its ``sparse_files``.
+        emb_vec_size: the table's vector size.
+        emb_vec_dtype: tf.float32.
+        ps_config_file: the HPS JSON; with it the layer starts the server on first call when none
+            runs for that file (implicit init). Empty: the server of the last ``hps.Init``.
+        global_batch_size: passed to the implicit ``hps.Init``.
+
+    Call: ``layer(ids, max_norm=None)`` with int32/int64 ids of any shape returns float32
+    ``ids.shape + [emb_vec_size]``.
+
+    Example:
+        >>> emb = hps.LookupLayer("demo", 0, 16, ps_config_file="hps.json")(ids)  # doctest: +SKIP
+    """
+
+    def __init__(self, model_name, table_id, emb_vec_size, emb_vec_dtype=tf.float32, ps_config_file="",
+                 global_batch_size=1, **kwargs):
+        _check_args(model_name, table_id, emb_vec_size, emb_vec_dtype, global_batch_size)
+        super().__init__(trainable=False, **kwargs)
+        self.model_name, self.table_id, self.emb_vec_size = model_name, table_id, emb_vec_size
+        self.emb_vec_dtype = tf.float32
+        self.ps_config_file, self.global_batch_size = str(ps_config_file), global_batch_size
+
+    def call(self, inputs, max_norm=None):
+        emb = hps_lookup(inputs, self.model_name, self.table_id, self.emb_vec_size, self.ps_config_file,
+                         self.global_batch_size)
+        return _clip(emb, max_norm)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.emb_vec_size,)
+
+    def get_config(self):
+        c = super().get_config()
+        c.update(model_name=self.model_name, table_id=self.table_id, emb_vec_size=self.emb_vec_size,
+                 ps_config_file=self.ps_config_file, global_batch_size=self.global_batch_size)
+        return c
+
+
+class SparseLookupLayer(LookupLayer):
+    """HugeCTR's ``hps.SparseLookupLayer``: like ``tf.nn.safe_embedding_lookup_sparse`` on an HPS table.
+
+    Call: ``layer(sp_ids, sp_weights=None, combiner="mean"|"sum"|"sqrtn", max_norm=None)`` with a
+    ``[batch, max_nnz]`` ``tf.SparseTensor`` of ids returns float32 ``[batch, emb_vec_size]``.
+    Rows without ids give zeros (HugeCTR's layer assumes there are none). Unlike
+    ``safe_embedding_lookup_sparse``, negative ids and non-positive weights are not pruned: every
+    id is an HPS key.
+    """
+
+    def call(self, sp_ids, sp_weights=None, combiner="mean", max_norm=None):
+        if combiner not in ("mean", "sum", "sqrtn"):
+            raise ValueError(f"SparseLookupLayer: combiner must be 'mean', 'sum' or 'sqrtn', got {combiner!r}")
+        if not isinstance(sp_ids, tf.SparseTensor):
+            raise TypeError(f"SparseLookupLayer: sp_ids must be a tf.SparseTensor, got {type(sp_ids).__name__}")
+        if sp_ids.shape.rank is not None and sp_ids.shape.rank != 2:
+            raise ValueError(f"SparseLookupLayer: sp_ids must be [batch, max_nnz], got rank {sp_ids.shape.rank}")
+        batch = tf.cast(sp_ids.dense_shape[0], tf.int32)
+        segments = tf.cast(sp_ids.indices[:, 0], tf.int32)
+        emb = _clip(hps_lookup(sp_ids.values, self.model_name, self.table_id, self.emb_vec_size,
+                               self.ps_config_file, self.global_batch_size), max_norm)
+        if sp_weights is None:
+            w = tf.ones_like(sp_ids.values, dtype=tf.float32)
+        else:
+            if not isinstance(sp_weights, tf.SparseTensor):
+                raise TypeError("SparseLookupLayer: sp_weights must be a tf.SparseTensor (or None)")
+            w = tf.cast(sp_weights.values, tf.float32)
+            tf.debugging.assert_equal(tf.shape(w), tf.shape(sp_ids.values),
+                                      message="SparseLookupLayer: sp_weights and sp_ids differ in nnz")
+        total = tf.math.unsorted_segment_sum(emb * w[:, None], segments, batch)
+        if combiner == "sum":
+            return total
+        if combiner == "mean":
+            denom = tf.math.unsorted_segment_sum(w, segments, batch)
+        else:
+            denom = tf.sqrt(tf.math.unsorted_segment_sum(w * w, segments, batch))
+        return tf.math.divide_no_nan(total, denom[:, None])

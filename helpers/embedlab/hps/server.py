@@ -1,0 +1,428 @@
+"""The Hierarchical Parameter Server: embedding cache -> volatile DB -> persistent DB -> default.
+
+No TensorFlow here: the Triton python backend runs this module in a process without it.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..sparse_model import read_sparse_model
+from .config import HPSConfig, load_config
+from .tiers import CacheTier, HashMapTier, RedisTier, RocksDBTier, TierError, TierUnavailable
+
+log = logging.getLogger("embedlab.hps")
+
+__all__ = ["ParameterServer", "HPSLookupError"]
+
+
+class HPSLookupError(ValueError):
+    """Bad lookup arguments: unknown model / table id, keys of the wrong dtype or shape."""
+
+
+@dataclass
+class _TierStats:
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+    inserted: int = 0
+    down_since: float | None = None
+    outage_start: float = 0.0
+    outages: int = 0
+
+    def as_dict(self):
+        return {"hits": self.hits, "misses": self.misses, "errors": self.errors, "calls": self.calls,
+                "latency_ms_mean": 1e3 * self.seconds / self.calls if self.calls else 0.0,
+                "seconds": self.seconds, "inserted": self.inserted, "outages": self.outages,
+                "available": self.down_since is None}
+
+
+@dataclass
+class _Table:
+    model: str
+    index: int
+    name: str          # hps_et.<model>.<table name>, the key in every tier
+    dim: int
+    default: float
+    rows: int
+    cache_capacity: int = 0
+    sync_inserts: int = 0
+    async_inserts: int = 0
+    defaults_returned: int = 0
+    lookups: int = 0
+    keys: int = 0
+
+
+class ParameterServer:
+    """HugeCTR's HPS over EmbedLab's tiers, configured by the HPS JSON.
+
+    Lookup order per table: embedding cache (if ``gpucache``) -> volatile DB (``hash_map`` /
+    ``parallel_hash_map`` / ``redis_cluster``) -> persistent DB (``rocks_db``) -> the table's
+    ``default_value_for_each_table``. Rows found in a lower tier move up:
+
+    * into the cache: when this batch's cache hit rate is below ``hit_rate_threshold`` they are
+      inserted before ``lookup`` returns; above it a background thread inserts them (the call
+      returns first), HugeCTR's asynchronous insertion;
+    * into the volatile DB, for rows found only in the persistent DB, when
+      ``cache_missed_embeddings`` is true.
+
+    Start-up loads each table's ``key`` / ``emb_vector`` folder: the persistent DB gets every row
+    (unless ``read_only``), the volatile DB the first ``initial_cache_rate`` of them, a static
+    cache as many as fit. Keys found nowhere get the default value and are counted.
+
+    A tier that fails at run time (Redis killed) is logged once, counted in ``stats()``, and
+    skipped: lookups go on from the tiers that remain. It is retried after ``retry_seconds`` and
+    logged again when it is back. A tier that cannot be set up at start-up (an unreadable RocksDB
+    path, Redis unreachable) raises :class:`~embedlab.hps.tiers.TierError` naming it.
+
+    Args:
+        ps_config: the HPS JSON file, a dict with its content, or an :class:`HPSConfig`.
+        retry_seconds: how long a failed tier is skipped before it is tried again.
+
+    Example:
+        >>> ps = ParameterServer("hps.json")                    # doctest: +SKIP
+        >>> vectors = ps.lookup("demo", 0, np.array([1, 5, 7]))  # doctest: +SKIP
+    """
+
+    def __init__(self, ps_config, retry_seconds: float = 0.5):
+        self.config: HPSConfig = load_config(ps_config)
+        self.report = list(self.config.report)
+        self.retry_seconds = retry_seconds
+        self._lock = threading.RLock()
+        self._tables: dict[tuple[str, int], _Table] = {}
+        self._stats = {"cache": _TierStats(), "volatile": _TierStats(), "persistent": _TierStats()}
+        self._closed = False
+        self._queue: queue.Queue = queue.Queue(maxsize=64)
+        self._worker: threading.Thread | None = None
+        cfg = self.config
+        self.cache: CacheTier | None = None
+        self.volatile = None
+        self.persistent = None
+        self._caches: dict[str, CacheTier] = {}
+        try:
+            vt = cfg.volatile_db.type
+            if vt in ("hash_map", "parallel_hash_map"):
+                self.volatile = HashMapTier(cfg.volatile_db, parallel=(vt == "parallel_hash_map"))
+            elif vt == "redis_cluster":
+                self.volatile = RedisTier(cfg.volatile_db)
+            if cfg.persistent_db.type == "rocks_db":
+                self.persistent = RocksDBTier(cfg.persistent_db)
+            caches = {m.embedding_cache_type for m in cfg.models if m.gpucache}
+            self._caches = {t: CacheTier(static=(t == "static")) for t in caches}
+            for m in cfg.models:
+                self._load_model(m)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- start-up ---------------------------------------------------------------------------
+    def _cache_for(self, m):
+        return self._caches.get(m.embedding_cache_type) if m.gpucache else None
+
+    def _load_model(self, m, reload: bool = False) -> int:
+        loaded = 0
+        for t, (path, dim) in enumerate(zip(m.sparse_files, m.embedding_vecsize_per_table)):
+            sm = read_sparse_model(path, dim=dim)
+            name = f"hps_et.{m.model}.{m.embedding_table_names[t]}"
+            keys = np.ascontiguousarray(sm.keys, dtype=np.int64)
+            vecs = np.ascontiguousarray(sm.vectors, dtype=np.float32)
+            n = keys.shape[0]
+            cache = self._cache_for(m)
+            if not reload:
+                tab = _Table(m.model, t, name, dim, m.default_value_for_each_table[t], n)
+                if self.volatile is not None:
+                    self.volatile.add_table(name, dim, n)
+                if self.persistent is not None:
+                    self.persistent.add_table(name, dim, n)
+                if cache is not None:
+                    if m.embedding_cache_type == "static":
+                        cap = n  # a static cache holds the whole table (HugeCTR's static table)
+                    else:
+                        cap = max(1, int(math.ceil(m.gpucacheper * n)))
+                    cache.add_table(name, dim, cap)
+                    tab.cache_capacity = cache.capacity(name)
+                self._tables[(m.model, t)] = tab
+            else:
+                self._tables[(m.model, t)].rows = n
+            vc = self.config.volatile_db
+            if self.volatile is not None and (vc.initialize_after_startup or reload):
+                k = n if reload else int(math.floor(vc.initial_cache_rate * n + 1e-9))
+                self._guard(self.volatile, "volatile", lambda: self.volatile.insert(name, keys[:k], vecs[:k]))
+            pc = self.config.persistent_db
+            if self.persistent is not None and not self.persistent.read_only and (pc.initialize_after_startup or reload):
+                self.persistent.insert(name, keys, vecs)
+            if cache is not None:
+                if m.embedding_cache_type == "static" and not reload:
+                    cache.insert(name, keys, vecs)
+                elif reload:
+                    if m.embedding_cache_type == "static":
+                        cache.clear(name)
+                        cache.insert(name, keys, vecs)
+                    else:
+                        cache.update(name, keys, vecs)
+            loaded += n
+        return loaded
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _table(self, model, table_id) -> _Table:
+        if not isinstance(model, str):
+            raise HPSLookupError(f"HPS: model must be a model name (str), got {model!r}")
+        if isinstance(table_id, bool) or not isinstance(table_id, (int, np.integer)):
+            raise HPSLookupError(f"HPS: table_id must be an int, got {table_id!r}")
+        tab = self._tables.get((model, int(table_id)))
+        if tab is None:
+            models = sorted({k[0] for k in self._tables})
+            if model not in models:
+                raise HPSLookupError(f"HPS: unknown model {model!r}; this server holds {models}")
+            n = sum(1 for k in self._tables if k[0] == model)
+            raise HPSLookupError(f"HPS: model {model!r} has no table_id {table_id} (it has tables 0..{n - 1})")
+        return tab
+
+    def _keys(self, keys) -> np.ndarray:
+        a = np.asarray(keys)
+        if a.dtype.kind not in "iu":
+            raise HPSLookupError(f"HPS: keys must be integers (int64, or int32 without supportlonglong), "
+                                 f"got dtype {a.dtype}")
+        if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+            raise HPSLookupError("HPS: keys hold values above the int64 range")
+        if a.ndim != 1:
+            raise HPSLookupError(f"HPS: keys must be 1-D, got shape {a.shape}")
+        if not self.config.supportlonglong and a.size and (a.min() < -2**31 or a.max() >= 2**31):
+            raise HPSLookupError("HPS: supportlonglong is false but keys hold values outside int32")
+        return np.ascontiguousarray(a, dtype=np.int64)
+
+    def _guard(self, tier, which: str, fn, fallback=None):
+        """Runs fn on a tier; on TierUnavailable logs once, counts, marks it down and returns fallback."""
+        st = self._stats[which]
+        if st.down_since is not None and time.monotonic() - st.down_since < self.retry_seconds:
+            st.errors += 1
+            return fallback
+        try:
+            out = fn()
+        except TierUnavailable as e:
+            st.errors += 1
+            if st.down_since is None:
+                st.outages += 1
+                st.outage_start = time.monotonic()
+                log.warning("HPS %s tier (%s) unavailable, lookups go on without it: %s", which,
+                            getattr(tier, "kind", which), e)
+            st.down_since = time.monotonic()
+            return fallback
+        if st.down_since is not None:
+            log.warning("HPS %s tier (%s) is back after %.1f s", which, getattr(tier, "kind", which),
+                        time.monotonic() - st.outage_start)
+            st.down_since = None
+        return out
+
+    def _timed_find(self, tier, which, name, keys, out):
+        st = self._stats[which]
+        t0 = time.perf_counter()
+        all_missing = np.arange(keys.shape[0], dtype=np.int64)
+        missing = self._guard(tier, which, lambda: tier.find(name, keys, out), fallback=None)
+        st.seconds += time.perf_counter() - t0
+        st.calls += 1
+        if missing is None:
+            missing = all_missing
+        else:
+            st.hits += keys.shape[0] - missing.shape[0]
+        st.misses += missing.shape[0]
+        return missing
+
+    # ---- public API -------------------------------------------------------------------------
+    def lookup(self, model: str, table_id: int, keys) -> np.ndarray:
+        """The rows of ``keys`` in table ``table_id`` of ``model``.
+
+        Args:
+            model: a model name of the config.
+            table_id: index into the model's ``sparse_files``.
+            keys: 1-D integer array (duplicates allowed).
+
+        Returns:
+            float32 ``[len(keys), dim]``; keys found in no tier get the table's default value.
+        """
+        if self._closed:
+            raise RuntimeError("HPS: the ParameterServer is closed")
+        tab = self._table(model, table_id)
+        keys = self._keys(keys)
+        n = keys.shape[0]
+        if n == 0:
+            return np.zeros((0, tab.dim), np.float32)
+        ukeys, inverse = np.unique(keys, return_inverse=True)
+        u = ukeys.shape[0]
+        out = np.empty((u, tab.dim), np.float32)
+        mcfg = self.config.model(model)
+        cache = self._cache_for(mcfg)
+        with self._lock:
+            tab.lookups += 1
+            tab.keys += n
+            if cache is not None:
+                missing = self._timed_find(cache, "cache", tab.name, ukeys, out)
+            else:
+                missing = np.arange(u, dtype=np.int64)
+            cache_hit_rate = 1.0 - missing.shape[0] / u
+            from_below = missing        # positions whose rows come from below the cache
+            from_persistent = np.zeros(0, np.int64)
+            if missing.size and self.volatile is not None:
+                tmp = np.empty((missing.shape[0], tab.dim), np.float32)
+                m2 = self._timed_find(self.volatile, "volatile", tab.name, ukeys[missing], tmp)
+                got = np.ones(missing.shape[0], bool)
+                got[m2] = False
+                out[missing[got]] = tmp[got]
+                missing = missing[m2]
+            if missing.size and self.persistent is not None:
+                tmp = np.empty((missing.shape[0], tab.dim), np.float32)
+                m3 = self._timed_find(self.persistent, "persistent", tab.name, ukeys[missing], tmp)
+                got = np.ones(missing.shape[0], bool)
+                got[m3] = False
+                out[missing[got]] = tmp[got]
+                from_persistent = missing[got]
+                missing = missing[m3]
+            if missing.size:
+                out[missing] = tab.default
+                tab.defaults_returned += int(missing.size)
+            # Upward insertion.
+            vc = self.config.volatile_db
+            if from_persistent.size and self.volatile is not None and vc.cache_missed_embeddings:
+                k, v = ukeys[from_persistent], out[from_persistent]
+                if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, k, v),
+                               fallback=False) is not False:
+                    self._stats["volatile"].inserted += int(k.size)
+            if cache is not None and from_below.size and mcfg.embedding_cache_type == "dynamic":
+                found = np.ones(from_below.shape[0], bool)
+                if missing.size:
+                    found[np.isin(from_below, missing, assume_unique=True)] = False
+                pos = from_below[found]
+                if pos.size:
+                    k, v = ukeys[pos].copy(), out[pos].copy()
+                    if cache_hit_rate < mcfg.hit_rate_threshold:
+                        cache.insert(tab.name, k, v)
+                        tab.sync_inserts += int(k.size)
+                        self._stats["cache"].inserted += int(k.size)
+                    else:
+                        self._enqueue(cache, tab, k, v)
+        return out[inverse]
+
+    def _enqueue(self, cache, tab, k, v):
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._insert_worker, name="hps-cache-insert", daemon=True)
+            self._worker.start()
+        try:
+            self._queue.put_nowait((cache, tab, k, v))
+        except queue.Full:
+            # The background inserter is behind; HugeCTR drops such insertions too (the rows stay
+            # in the lower tiers and come up on a later miss).
+            pass
+
+    def _insert_worker(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                self._queue.task_done()
+                return
+            cache, tab, k, v = item
+            try:
+                with self._lock:
+                    if not self._closed:
+                        cache.insert(tab.name, k, v)
+                        tab.async_inserts += int(k.size)
+                        self._stats["cache"].inserted += int(k.size)
+            except Exception as e:  # never kill the worker; report
+                log.warning("HPS background cache insertion failed for %s: %s", tab.name, e)
+            finally:
+                self._queue.task_done()
+
+    def wait_background(self) -> None:
+        """Blocks until the background cache insertions queued so far are done."""
+        self._queue.join()
+
+    def update(self, model: str, table_id: int, keys, vectors) -> int:
+        """Writes rows into every tier (online update); returns the number of keys.
+
+        The volatile DB and the persistent DB (unless ``read_only``) get the rows; the cache
+        overwrites the rows it already holds (a ``static`` cache cannot be updated: error).
+        """
+        tab = self._table(model, table_id)
+        keys = self._keys(keys)
+        vectors = np.asarray(vectors)
+        if vectors.dtype.kind != "f":
+            raise HPSLookupError(f"HPS update: vectors must be float, got dtype {vectors.dtype}")
+        if vectors.shape != (keys.shape[0], tab.dim):
+            raise HPSLookupError(f"HPS update: vectors must be [{keys.shape[0]}, {tab.dim}] for table "
+                                 f"{table_id} of {model!r}, got {vectors.shape}")
+        if np.unique(keys).shape[0] != keys.shape[0]:
+            raise HPSLookupError("HPS update: keys hold duplicates (which row would win is undefined)")
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        mcfg = self.config.model(model)
+        cache = self._cache_for(mcfg)
+        if cache is not None and mcfg.embedding_cache_type == "static":
+            raise HPSLookupError(f"HPS update: model {model!r} uses embedding_cache_type 'static', "
+                                 "which cannot be updated; use 'dynamic'")
+        with self._lock:
+            if self.persistent is not None and not self.persistent.read_only:
+                self.persistent.insert(tab.name, keys, vectors)
+            if self.volatile is not None:
+                self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, keys, vectors))
+            if cache is not None:
+                cache.update(tab.name, keys, vectors)
+        return int(keys.shape[0])
+
+    def refresh(self, model: str) -> int:
+        """Reloads the model's sparse files into the tiers (rows changed on disk); returns rows read."""
+        m = self.config.model(model)
+        with self._lock:
+            return self._load_model(m, reload=True)
+
+    def table_info(self, model: str, table_id: int) -> dict:
+        tab = self._table(model, table_id)
+        return {"name": tab.name, "dim": tab.dim, "rows": tab.rows, "default": tab.default,
+                "cache_capacity": tab.cache_capacity}
+
+    def stats(self) -> dict:
+        """Per-tier hits, misses, errors, calls, mean latency, inserts and availability, plus per-table
+        counts (lookups, keys, defaults returned, sync/async cache inserts) and the config report."""
+        with self._lock:
+            tiers = {k: v.as_dict() for k, v in self._stats.items()}
+            tiers["cache"]["kind"] = ",".join(sorted(self._caches)) or "disabled"
+            tiers["volatile"]["kind"] = getattr(self.volatile, "kind", "disabled")
+            tiers["persistent"]["kind"] = getattr(self.persistent, "kind", "disabled")
+            tiers["volatile"]["bad_values"] = getattr(self.volatile, "bad_values", 0)
+            tiers["persistent"]["bad_values"] = getattr(self.persistent, "bad_values", 0)
+            tables = {f"{t.model}/{t.index}": {"name": t.name, "dim": t.dim, "rows": t.rows,
+                                               "cache_capacity": t.cache_capacity, "lookups": t.lookups,
+                                               "keys": t.keys, "defaults_returned": t.defaults_returned,
+                                               "sync_cache_inserts": t.sync_inserts,
+                                               "async_cache_inserts": t.async_inserts}
+                      for t in self._tables.values()}
+            return {"tiers": tiers, "tables": tables, "config_report": list(self.report),
+                    "config": self.config.source}
+
+    def close(self) -> None:
+        """Stops the background inserter and closes the tiers (idempotent)."""
+        if getattr(self, "_did_close", False):
+            return
+        self._did_close = True
+        self._closed = True
+        if self._worker is not None and self._worker.is_alive():
+            self._queue.put(None)
+            self._worker.join(timeout=5)
+        for tier in [getattr(self, "volatile", None), getattr(self, "persistent", None),
+                     *getattr(self, "_caches", {}).values()]:
+            if tier is not None:
+                try:
+                    tier.close()
+                except Exception:
+                    pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

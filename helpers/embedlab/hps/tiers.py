@@ -1,0 +1,479 @@
+"""The storage tiers of the parameter server, one class per kind, all with one interface.
+
+A tier holds several tables, each named by a string (``hps_et.<model>.<table>``, HugeCTR's
+naming) with a fixed row width ``dim``. Every method works on a batch:
+
+* ``find(table, keys, out) -> missing``: writes the rows it holds into ``out[i]`` and returns
+  the positions ``i`` (int64, ascending) it did not write;
+* ``insert(table, keys, values)``: inserts or overwrites rows;
+* ``erase(table, keys)``; ``size(table)``; ``close()``.
+
+A tier that cannot be reached raises :class:`TierUnavailable`; the :class:`ParameterServer`
+then logs it once, counts it, and goes on with the tiers below. Nothing here imports
+TensorFlow (the Triton python backend runs the server without it).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("embedlab.hps")
+
+__all__ = ["TierUnavailable", "TierError", "CacheTier", "HashMapTier", "RedisTier", "RocksDBTier"]
+
+
+class TierUnavailable(RuntimeError):
+    """The tier cannot be reached right now (a Redis outage); lookups fall through."""
+
+
+class TierError(RuntimeError):
+    """A tier cannot be set up (bad path, wrong credentials); raised at start-up."""
+
+
+def _check_rows(keys: np.ndarray, values: np.ndarray, dim: int, what: str) -> np.ndarray:
+    values = np.ascontiguousarray(values, dtype=np.float32)
+    if values.shape != (keys.shape[0], dim):
+        raise ValueError(f"{what}: values must be [{keys.shape[0]}, {dim}], got {values.shape}")
+    return values
+
+
+# ---- tiers over EmbedLab's native kernels ---------------------------------------------------
+
+class CacheTier:
+    """The embedding cache (``csrc/core/embedding_cache.h``): set-associative, one per table.
+
+    ``capacity`` rows per table (``gpucacheper`` x the table's rows, at least one set);
+    ``static=True`` is HugeCTR's static cache (filled once, never updated).
+    """
+    name = "cache"
+
+    def __init__(self, static: bool = False, ways: int = 8):
+        from .._native import core
+        self._core = core()
+        self._static = static
+        self._ways = ways
+        self._tables: dict[str, object] = {}
+
+    def add_table(self, table: str, dim: int, capacity: int) -> None:
+        capacity = max(int(capacity), self._ways)
+        self._tables[table] = self._core.EmbeddingCache(capacity, dim, ways=self._ways, static=self._static)
+
+    def capacity(self, table: str) -> int:
+        return int(self._tables[table].capacity)
+
+    def find(self, table, keys, out):
+        return np.asarray(self._tables[table].lookup(keys, out), dtype=np.int64)
+
+    def insert(self, table, keys, values):
+        self._tables[table].insert(keys, values)
+
+    def update(self, table, keys, values) -> int:
+        """Overwrites rows already cached (others are not inserted); returns how many."""
+        return int(self._tables[table].update(keys, values))
+
+    def erase(self, table, keys):
+        return int(self._tables[table].erase(keys))
+
+    def size(self, table) -> int:
+        return int(self._tables[table].size())
+
+    def clear(self, table=None):
+        for t, c in self._tables.items():
+            if table is None or t == table:
+                c.clear()
+
+    def stats(self, table):
+        return self._tables[table].stats()
+
+    def close(self):
+        self._tables.clear()
+
+
+class HashMapTier:
+    """The in-process volatile database (``hash_map`` / ``parallel_hash_map``): HashMapStore.
+
+    ``num_partitions`` partitions per table, each with at most ``overflow_margin`` rows
+    (0 = unlimited); on overflow, ``overflow_policy`` evicts down to
+    ``overflow_resolution_target`` x ``overflow_margin``.
+    """
+    name = "volatile"
+
+    def __init__(self, cfg, parallel: bool = True):
+        from .._native import core
+        self._core = core()
+        self._cfg = cfg
+        self._parallel = parallel
+        self._tables: dict[str, object] = {}
+        self.kind = "parallel_hash_map" if parallel else "hash_map"
+
+    def add_table(self, table: str, dim: int, rows_hint: int = 0) -> None:
+        c = self._cfg
+        self._tables[table] = self._core.HashMapStore(
+            dim, num_partitions=c.num_partitions, overflow_margin=c.overflow_margin,
+            overflow_policy=c.overflow_policy, overflow_resolution_target=c.overflow_resolution_target,
+            parallel=self._parallel)
+
+    def find(self, table, keys, out):
+        return np.asarray(self._tables[table].find(keys, out), dtype=np.int64)
+
+    def insert(self, table, keys, values):
+        self._tables[table].insert(keys, values)
+
+    def erase(self, table, keys):
+        return int(self._tables[table].erase(keys))
+
+    def size(self, table) -> int:
+        return int(self._tables[table].size())
+
+    def close(self):
+        self._tables.clear()
+
+
+# ---- Redis -----------------------------------------------------------------------------------
+
+class RedisTier:
+    """``redis_cluster``: rows in a real Redis (one node or a cluster), through the official client.
+
+    Layout: table ``t`` is spread over ``num_partitions`` Redis hashes ``<t>/p<i>``; key ``k``
+    lives in partition ``k mod num_partitions`` under the 8-byte little-endian field ``k``,
+    and its value is the row's ``dim`` float32 (4 x dim bytes). Lookups send one pipelined
+    ``HMGET`` per partition for every ``max_batch_size`` keys, so a batch costs a few round trips,
+    not one per key. A value of the wrong length is treated as a miss and counted in
+    ``bad_values`` (logged once per table); it is never returned as a vector.
+
+    A connection failure raises :class:`TierUnavailable`; the client reconnects by itself on the
+    next call once Redis is back.
+
+    Replies are parsed by ``hiredis`` (pinned next to ``redis``; the client uses it when installed):
+    with redis-py's pure-Python parser a 2,048-key lookup took about twice as long. Rows are
+    copied out with one ``b"".join`` per reply, not one NumPy call per key.
+    """
+    name = "volatile"
+    kind = "redis_cluster"
+
+    def __init__(self, cfg, socket_timeout: float = 2.0):
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        self._redis = redis
+        self._cfg = cfg
+        self._dims: dict[str, int] = {}
+        self.bad_values = 0
+        self._bad_logged: set[str] = set()
+        addrs = cfg.addresses
+        common = dict(password=cfg.password or None,
+                      username=(cfg.user_name if cfg.user_name and cfg.user_name != "default" else None),
+                      socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, 1.0),
+                      retry=Retry(NoBackoff(), 0))
+        try:
+            probe = redis.Redis(host=addrs[0][0], port=addrs[0][1], **common)
+            cluster = len(addrs) > 1 or probe.info("cluster").get("cluster_enabled", 0) == 1
+            if cluster:
+                probe.close()
+                from redis.cluster import ClusterNode, RedisCluster
+                self._client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in addrs],
+                                            password=common["password"], username=common["username"],
+                                            socket_timeout=socket_timeout,
+                                            socket_connect_timeout=common["socket_connect_timeout"])
+            else:
+                self._client = probe
+            self.cluster = cluster
+        except redis.AuthenticationError as e:
+            raise TierError(f"HPS volatile_db redis_cluster at {cfg.address}: authentication failed "
+                            f"(volatile_db.user_name / password): {e}") from e
+        except redis.RedisError as e:
+            raise TierError(f"HPS volatile_db redis_cluster: cannot reach Redis at {cfg.address} "
+                            f"(volatile_db.address): {e}") from e
+
+    def _hkey(self, table: str, p: int) -> str:
+        return f"{table}/p{p}"
+
+    def add_table(self, table: str, dim: int, rows_hint: int = 0) -> None:
+        self._dims[table] = dim
+
+    def _partitions(self, keys):
+        n = self._cfg.num_partitions
+        part = np.mod(keys, n)
+        order = np.argsort(part, kind="stable")
+        bounds = np.searchsorted(part[order], np.arange(n + 1))
+        return order, bounds
+
+    def _pipeline(self):
+        return self._client.pipeline(transaction=False)
+
+    def _run(self, fn):
+        try:
+            return fn()
+        except (self._redis.ConnectionError, self._redis.TimeoutError, OSError) as e:
+            raise TierUnavailable(f"Redis at {self._cfg.address}: {e}") from e
+        except self._redis.RedisError as e:
+            # Cluster errors while nodes are down surface as other RedisError subclasses.
+            if "connect" in str(e).lower() or "cluster" in str(e).lower() or "slot" in str(e).lower():
+                raise TierUnavailable(f"Redis at {self._cfg.address}: {e}") from e
+            raise
+
+    def find(self, table, keys, out):
+        dim = self._dims[table]
+        want = 4 * dim
+        n = keys.shape[0]
+        found = np.zeros(n, dtype=bool)
+        if n == 0:
+            return np.zeros(0, np.int64)
+        order, bounds = self._partitions(keys)
+        kb = keys.astype("<i8").tobytes()
+        batch = self._cfg.max_batch_size
+        # (partition, positions) chunks, grouped into pipelines of about max_batch_size keys.
+        chunks = []
+        for p in range(self._cfg.num_partitions):
+            lo, hi = bounds[p], bounds[p + 1]
+            for s in range(lo, hi, batch):
+                chunks.append((p, order[s:min(hi, s + batch)]))
+        bad = 0
+        i = 0
+        while i < len(chunks):
+            group, count = [], 0
+            while i < len(chunks) and (not group or count + len(chunks[i][1]) <= batch):
+                group.append(chunks[i]); count += len(chunks[i][1]); i += 1
+
+            def go(group=group):
+                pipe = self._pipeline()
+                for p, pos in group:
+                    pipe.hmget(self._hkey(table, p), [kb[8 * j:8 * j + 8] for j in pos])
+                return pipe.execute()
+            replies = self._run(go)
+            for (p, pos), vals in zip(group, replies):
+                lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
+                ok = lens == want
+                bad += int(np.count_nonzero((lens >= 0) & ~ok))
+                if ok.all():
+                    buf = b"".join(vals)
+                elif ok.any():
+                    buf = b"".join([v for v, o in zip(vals, ok) if o])
+                else:
+                    continue
+                rows = pos[ok]
+                out[rows] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
+                found[rows] = True
+        if bad:
+            self.bad_values += bad
+            if table not in self._bad_logged:
+                self._bad_logged.add(table)
+                log.warning("HPS redis tier: table %s holds %d value(s) of the wrong length (expected %d bytes "
+                            "= %d float32); they are treated as misses", table, bad, want, dim)
+        return np.flatnonzero(~found).astype(np.int64)
+
+    def insert(self, table, keys, values):
+        dim = self._dims[table]
+        values = _check_rows(keys, values, dim, f"redis insert into {table}")
+        if keys.shape[0] == 0:
+            return
+        order, bounds = self._partitions(keys)
+        kb = keys.astype("<i8").tobytes()
+        vb = values.astype("<f4").tobytes()
+        rb = 4 * dim
+        batch = self._cfg.max_batch_size
+
+        def go():
+            pipe, count = self._pipeline(), 0
+            for p in range(self._cfg.num_partitions):
+                lo, hi = bounds[p], bounds[p + 1]
+                for s in range(lo, hi, batch):
+                    pos = order[s:min(hi, s + batch)]
+                    pipe.hset(self._hkey(table, p),
+                              mapping={kb[8 * j:8 * j + 8]: vb[rb * j:rb * j + rb] for j in pos})
+                    count += len(pos)
+                    if count >= batch:
+                        pipe.execute(); pipe, count = self._pipeline(), 0
+            pipe.execute()
+        self._run(go)
+
+    def erase(self, table, keys):
+        order, bounds = self._partitions(keys)
+        kb = keys.astype("<i8").tobytes()
+
+        def go():
+            pipe = self._pipeline()
+            for p in range(self._cfg.num_partitions):
+                pos = order[bounds[p]:bounds[p + 1]]
+                if len(pos):
+                    pipe.hdel(self._hkey(table, p), *[kb[8 * j:8 * j + 8] for j in pos])
+            return sum(int(x) for x in pipe.execute())
+        return self._run(go)
+
+    def size(self, table) -> int:
+        def go():
+            pipe = self._pipeline()
+            for p in range(self._cfg.num_partitions):
+                pipe.hlen(self._hkey(table, p))
+            return sum(int(x) for x in pipe.execute())
+        return self._run(go)
+
+    def drop(self, table) -> None:
+        def go():
+            pipe = self._pipeline()
+            for p in range(self._cfg.num_partitions):
+                pipe.delete(self._hkey(table, p))
+            pipe.execute()
+        self._run(go)
+
+    def raw_client(self):
+        """The underlying ``redis`` client (tests use it to plant corrupt values)."""
+        return self._client
+
+    def close(self):
+        try:
+            self._client.close()
+        except Exception:  # closing a client whose server is gone
+            pass
+
+
+# ---- RocksDB ---------------------------------------------------------------------------------
+
+class RocksDBTier:
+    """``rocks_db``: the persistent database, a real RocksDB through ``rocksdict``.
+
+    Why rocksdict: it is maintained (regular releases), ships manylinux wheels with RocksDB
+    compiled in (nothing to build, no system librocksdb), and exposes column families, write
+    batches and multi-get in raw (bytes) mode, which is all this tier needs. (python-rocksdb and
+    its forks need a matching system librocksdb and have gone years without a release.)
+
+    Layout: one column family per table (named like the table); key = the 8-byte big-endian
+    int64 (so RocksDB's order is the keys' order for non-negative keys), value = ``dim`` float32.
+    Lookups are multi-gets of ``max_batch_size`` keys. ``read_only`` opens the database read-only
+    (it must exist and already hold the tables); inserts are then refused.
+    """
+    name = "persistent"
+    kind = "rocks_db"
+
+    def __init__(self, cfg):
+        import rocksdict as rd
+        self._rd = rd
+        self._cfg = cfg
+        self.path = str(Path(cfg.path))
+        self.read_only = cfg.read_only
+        self._dims: dict[str, int] = {}
+        self._cfs: dict[str, object] = {}
+        self._lock = threading.Lock()
+        self.bad_values = 0
+        p = Path(self.path)
+        if self.read_only:
+            if not (p / "CURRENT").is_file():
+                raise TierError(f"HPS persistent_db.path {self.path}: no RocksDB database there "
+                                f"(persistent_db.read_only is true, so it must exist)")
+            if not os.access(p, os.R_OK | os.X_OK):
+                raise TierError(f"HPS persistent_db.path {self.path}: not readable")
+        else:
+            if p.exists() and not p.is_dir():
+                raise TierError(f"HPS persistent_db.path {self.path}: exists and is not a folder")
+            parent = p if p.exists() else p.parent
+            if not parent.exists() or not os.access(parent, os.W_OK | os.X_OK):
+                raise TierError(f"HPS persistent_db.path {self.path}: cannot create or write the RocksDB "
+                                f"folder there (check the path and its permissions)")
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        try:
+            existing = rd.Rdict.list_cf(self.path, rd.Options(raw_mode=True)) if (p / "CURRENT").is_file() else []
+            cfs = {name: rd.Options(raw_mode=True) for name in existing if name != "default"}
+            access = rd.AccessType.read_only() if self.read_only else rd.AccessType.read_write()
+            self._db = rd.Rdict(self.path, opts, column_families=cfs or None, access_type=access)
+        except Exception as e:
+            raise TierError(f"HPS persistent_db.path {self.path}: cannot open the RocksDB database: {e}") from e
+        self._existing = set(existing)
+
+    def add_table(self, table: str, dim: int, rows_hint: int = 0) -> None:
+        self._dims[table] = dim
+        with self._lock:
+            if table in self._existing:
+                self._cfs[table] = self._db.get_column_family(table)
+            elif self.read_only:
+                raise TierError(f"HPS persistent_db.path {self.path}: read-only database has no column family "
+                                f"{table!r} (tables there: {sorted(self._existing - {'default'})})")
+            else:
+                self._cfs[table] = self._db.create_column_family(table, self._rd.Options(raw_mode=True))
+                self._existing.add(table)
+
+    def has_rows(self, table) -> bool:
+        it = self._cfs[table].keys()
+        for _ in it:
+            return True
+        return False
+
+    @staticmethod
+    def _key_list(keys) -> list:
+        b = keys.astype(">i8").tobytes()
+        return [b[i:i + 8] for i in range(0, len(b), 8)]
+
+    def find(self, table, keys, out):
+        dim = self._dims[table]
+        want = 4 * dim
+        cf = self._cfs[table]
+        n = keys.shape[0]
+        found = np.zeros(n, dtype=bool)
+        # Multi-get in key order: neighbouring keys share index and data blocks (2x faster than
+        # random order on a 200k-row table). Byte order of the big-endian key = unsigned order.
+        order = np.argsort(keys.view(np.uint64), kind="stable")
+        kl = self._key_list(keys[order])
+        batch = self._cfg.max_batch_size
+        bad = 0
+        for s in range(0, n, batch):
+            vals = cf.get(kl[s:s + batch])
+            lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
+            ok = lens == want
+            bad += int(np.count_nonzero((lens >= 0) & ~ok))
+            if ok.all():
+                buf = b"".join(vals)
+            elif ok.any():
+                buf = b"".join([v for v, o in zip(vals, ok) if o])
+            else:
+                continue
+            rows = order[s + np.flatnonzero(ok)]
+            out[rows] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
+            found[rows] = True
+        if bad:
+            self.bad_values += bad
+            log.warning("HPS rocks_db tier: %d value(s) of the wrong length in %s; treated as misses", bad, table)
+        return np.flatnonzero(~found).astype(np.int64)
+
+    def insert(self, table, keys, values):
+        if self.read_only:
+            raise TierError(f"HPS persistent_db {self.path} is read_only; rows cannot be written")
+        dim = self._dims[table]
+        values = _check_rows(keys, values, dim, f"rocks_db insert into {table}")
+        kl = self._key_list(keys)
+        vb = values.astype("<f4").tobytes()
+        rb = 4 * dim
+        handle = self._db.get_column_family_handle(table)
+        batch = self._cfg.max_batch_size
+        for s in range(0, len(kl), batch):
+            wb = self._rd.WriteBatch(raw_mode=True)
+            wb.set_default_column_family(handle)
+            for j in range(s, min(len(kl), s + batch)):
+                wb.put(kl[j], vb[rb * j:rb * j + rb])
+            self._db.write(wb)
+
+    def erase(self, table, keys):
+        if self.read_only:
+            raise TierError(f"HPS persistent_db {self.path} is read_only; rows cannot be erased")
+        cf = self._cfs[table]
+        for k in self._key_list(keys):
+            cf.delete(k)
+        return len(keys)
+
+    def size(self, table) -> int:
+        try:
+            return int(self._cfs[table].property_int_value("rocksdb.estimate-num-keys") or 0)
+        except Exception:
+            return -1
+
+    def close(self):
+        with self._lock:
+            self._cfs.clear()
+            try:
+                self._db.close()
+            except Exception:
+                pass

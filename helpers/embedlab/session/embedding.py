@@ -1,0 +1,562 @@
+"""Sparse embeddings of the Session: hash tables of a fixed capacity, their optimizers, and the
+host store that model oversubscription trains through.
+
+A hash embedding (`DistributedSlotSparseEmbeddingHash`, `LocalizedSlotSparseEmbeddingHash`) maps
+any int64 key to a row of a working table of `max_vocabulary_size_per_gpu` rows: the shared
+concurrent `HashTable` (`embedlab._native.core().HashTable`) gives each new key the next free
+row; a batch whose new keys would pass the capacity is refused (nothing inserted) with an error
+naming the key, its slot and the file list. A key's initial vector depends only on the seed,
+the embedding and the key (a counter-based hash, uniform in [-1/sqrt(vec), 1/sqrt(vec)]), so
+the same key starts from the same vector whichever row it lands in: this is what makes
+oversubscribed training give the same tables as training with the whole table in memory.
+
+The one-hot embedding (`LocalizedSlotSparseEmbeddingOneHot`) has no hash table: on one device
+a key is its row, and it must lie in its slot's range of `slot_size_array` (HugeCTR's rule).
+
+Model oversubscription (`HostStore`): the full table lives in two memory-mapped files under
+`temp_embedding_dir` (values `[n, vec]` and optimizer state `[n, vec * slots]`, float32, grown by
+doubling), with an in-memory `HashTable` from key to store row. A memory-mapped file was chosen
+over RocksDB because every access here is a batch of whole rows: a pass switch gathers or
+scatters tens of thousands of fixed-size rows with one NumPy fancy-indexing call each (no
+per-key (de)serialization, no LSM compaction, no extra dependency), the OS pages the file in and
+out, and `madvise(MADV_DONTNEED)` after each chunk keeps the process's resident set near the
+working table's size. The key index stays in memory (about 32-64 bytes per key).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from .. import _native
+from .. import ops as el_ops
+from .. import optimizers as el_opt
+from .spec import EmbeddingSpec, OptimizerSpec
+
+__all__ = ["Embedding", "HostStore", "init_values", "TFOptimizer", "KeyError_"]
+
+
+class KeyError_(ValueError):
+    """A key the embedding cannot place (capacity, keyset, one-hot range); names key, slot, list."""
+
+
+def _hash_table(initial_capacity: int):
+    core = _native.core()
+    if not hasattr(core, "HashTable"):
+        raise RuntimeError("embedlab._native.core() has no HashTable: this build of embedlab predates the "
+                           "hash table; rebuild with `make setup`")
+    return core.HashTable(max(1024, int(initial_capacity)))
+
+
+_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def init_values(keys, vec: int, seed: int, emb_index: int) -> np.ndarray:
+    """Initial rows of `keys`: uniform in [-1/sqrt(vec), 1/sqrt(vec)], a function of
+    (seed, embedding, key, column) only (splitmix64)."""
+    keys = np.asarray(keys, np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        salt = np.uint64((int(seed) * 0x632BE59BD9B4E019 + (emb_index + 1) * 0x8CB92BA72F3D8DD7) % (1 << 64))
+        z = keys[:, None] * _M1 + (np.arange(vec, dtype=np.uint64)[None, :] + np.uint64(1)) * _M3 + salt
+        z = (z ^ (z >> np.uint64(30))) * _M2
+        z = (z ^ (z >> np.uint64(27))) * _M3
+        z = z ^ (z >> np.uint64(31))
+    u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+    bound = 1.0 / np.sqrt(vec)
+    return ((2.0 * u - 1.0) * bound).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------
+# Optimizers (HugeCTR's update rules, in TensorFlow)
+# --------------------------------------------------------------------------------------
+
+class TFOptimizer:
+    """HugeCTR's Adam / MomentumSGD / Nesterov / SGD update rules on TensorFlow variables.
+
+    Adam:      m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr sqrt(1-b2^t)/(1-b1^t) m/(sqrt(v)+eps)
+    Momentum:  a = mu a - lr g; w += a
+    Nesterov:  a' = mu a - lr g; w += (1+mu) a' - mu a
+    SGD:       w -= lr g
+    """
+
+    def __init__(self, spec: OptimizerSpec):
+        self.spec = spec
+        self.nslots = {"Adam": 2, "MomentumSGD": 1, "Nesterov": 1, "SGD": 0}[spec.type]
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="opt_step")
+
+    def make_slots(self, var_shape, name):
+        return [tf.Variable(tf.zeros(var_shape), trainable=False, name=f"{name}_slot{i}")
+                for i in range(self.nslots)]
+
+    def rule(self, w, g, slots, lr, t):
+        """New (w, slots) from current ones and gradient g (all tensors)."""
+        s = self.spec
+        if s.type == "Adam":
+            m, v = slots
+            m = s.beta1 * m + (1 - s.beta1) * g
+            v = s.beta2 * v + (1 - s.beta2) * g * g
+            tf_ = tf.cast(t, tf.float32)
+            alpha = lr * tf.sqrt(1 - tf.pow(s.beta2, tf_)) / (1 - tf.pow(s.beta1, tf_))
+            return w - alpha * m / (tf.sqrt(v) + s.epsilon), [m, v]
+        if s.type == "MomentumSGD":
+            a = s.momentum_factor * slots[0] - lr * g
+            return w + a, [a]
+        if s.type == "Nesterov":
+            a_old = slots[0]
+            a = s.momentum_factor * a_old - lr * g
+            return w + (1 + s.momentum_factor) * a - s.momentum_factor * a_old, [a]
+        return w - lr * g, []
+
+    def apply_dense(self, grads, variables, slots, lr, t):
+        for g, w, sl in zip(grads, variables, slots):
+            if g is None:
+                continue
+            g = tf.convert_to_tensor(g)
+            nw, ns = self.rule(w, g, [x for x in sl], lr, t)
+            w.assign(nw)
+            for var, val in zip(sl, ns):
+                var.assign(val)
+
+    def apply_rows(self, idx, g, table, slots, lr, t):
+        """Local / LazyGlobal: update rows idx (unique) only."""
+        w = tf.gather(table, idx)
+        nw, ns = self.rule(w, g, [tf.gather(s, idx) for s in slots], lr, t)
+        table.scatter_update(tf.IndexedSlices(nw, idx))
+        for var, val in zip(slots, ns):
+            var.scatter_update(tf.IndexedSlices(val, idx))
+
+    def apply_prefix(self, idx, g, table, slots, lr, t, n):
+        """Global: every row in use (rows [0, n)) is updated, untouched ones with a zero gradient."""
+        dense_g = tf.scatter_nd(idx[:, None], g, tf.stack([n, tf.shape(g, out_type=tf.int64)[1]]))
+        w = table[:n]
+        nw, ns = self.rule(w, dense_g, [s[:n] for s in slots], lr, t)
+        table[:n].assign(nw)
+        for var, val in zip(slots, ns):
+            var[:n].assign(val)
+
+
+def lr_at(spec: OptimizerSpec, step: int) -> float:
+    """HugeCTR's learning-rate schedule (SGD: warm-up, then polynomial decay), for step >= 1."""
+    if spec.type != "SGD":
+        return spec.learning_rate
+    if step <= spec.warmup_steps:
+        return step * spec.learning_rate / spec.warmup_steps
+    if spec.decay_start == 0 or step <= spec.decay_start:
+        return spec.learning_rate
+    if step <= spec.decay_start + spec.decay_steps:
+        f = ((spec.decay_start + spec.decay_steps - step) / spec.decay_steps) ** spec.decay_power
+        return max(spec.learning_rate * f, spec.end_lr)
+    return spec.end_lr
+
+
+# --------------------------------------------------------------------------------------
+# Host store (oversubscription)
+# --------------------------------------------------------------------------------------
+
+_CHUNK = 1 << 16
+
+
+class HostStore:
+    """The whole table of one embedding under `temp_embedding_dir`: memory-mapped values and
+    optimizer state, and a key -> store row index (see the module docstring)."""
+
+    def __init__(self, directory, name: str, vec: int, nslots: int, seed: int, emb_index: int):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.vec, self.sw, self.seed, self.emb_index = vec, vec * nslots, seed, emb_index
+        self.index = _hash_table(1 << 16)
+        self.n_alloc = 0
+        self.slot_ids = np.zeros(0, np.int64)
+        self._paths = (self.dir / f"{name}.values.f32", self.dir / f"{name}.state.f32")
+        for p in self._paths:
+            with open(p, "wb"):
+                pass
+        self.values = self.state = None
+        self._grow(1 << 12)
+
+    def __len__(self):
+        return int(self.index.size())
+
+    @property
+    def nbytes(self) -> int:
+        return len(self) * (self.vec + self.sw) * 4
+
+    def _map(self, path, width):
+        if width == 0:
+            return np.zeros((self.n_alloc, 0), np.float32)
+        return np.memmap(path, dtype=np.float32, mode="r+", shape=(self.n_alloc, width))
+
+    def _grow(self, need: int):
+        if need <= self.n_alloc:
+            return
+        n = max(need, 2 * self.n_alloc, 1 << 12)
+        self._release()
+        self.values = self.state = None
+        for p, w in zip(self._paths, (self.vec, self.sw)):
+            os.truncate(p, n * w * 4)
+        self.n_alloc = n
+        self.values = self._map(self._paths[0], self.vec)
+        self.state = self._map(self._paths[1], self.sw)
+        self.slot_ids = np.concatenate([self.slot_ids, np.zeros(n - len(self.slot_ids), np.int64)])
+
+    def _release(self):
+        """Drops the mapped pages from this process's resident set (dirty pages stay in the page
+        cache and reach the file; nothing is lost)."""
+        for a in (self.values, self.state):
+            mm = getattr(a, "_mmap", None)
+            if mm is not None and hasattr(mm, "madvise"):
+                mm.madvise(mmap.MADV_DONTNEED)
+
+    def rows_for(self, keys, slots=None) -> np.ndarray:
+        """Store rows of keys, creating (initialized) rows for new keys."""
+        keys = np.asarray(keys, np.int64)
+        before = len(self)
+        rows = self.index.find_or_insert(keys)
+        after = len(self)
+        if after > before:
+            self._grow(after)
+            new = rows >= before
+            nk, nr = keys[new], rows[new]
+            u, first = np.unique(nr, return_index=True)
+            order = np.argsort(u)
+            nr, nk = u[order], nk[first][order]
+            for a in range(0, len(nr), _CHUNK):
+                r = nr[a:a + _CHUNK]
+                self.values[r] = init_values(nk[a:a + _CHUNK], self.vec, self.seed, self.emb_index)
+                if self.sw:
+                    self.state[r] = 0.0
+            if slots is not None:
+                self.slot_ids[nr] = np.asarray(slots)[new][first][order]
+            self._release()
+        return rows
+
+    def find(self, keys) -> np.ndarray:
+        return self.index.find(np.asarray(keys, np.int64))
+
+    def gather(self, rows):
+        return self.values[rows], self.state[rows]
+
+    def scatter(self, rows, values, state):
+        self.values[rows] = values
+        if self.sw:
+            self.state[rows] = state
+
+    def export(self):
+        keys, rows = self.index.export()
+        return keys, rows
+
+    def flush(self):
+        for a in (self.values, self.state):
+            if isinstance(a, np.memmap):
+                a.flush()
+        self._release()
+
+
+def _tf_var(v):
+    t = el_ops._as_variable(v)
+    return v if t is None else t
+
+
+# --------------------------------------------------------------------------------------
+# The embedding
+# --------------------------------------------------------------------------------------
+
+class Embedding:
+    """One sparse embedding of the model: working table, key -> row map, optimizer state.
+
+    Args:
+        spec: the parsed embedding. seed: initialization seed. oversubscribe: keep the full
+            table in a `HostStore` under `store_dir` and train pass by pass.
+    """
+
+    def __init__(self, spec: EmbeddingSpec, seed: int, oversubscribe: bool = False, store_dir=None):
+        self.spec, self.seed = spec, seed
+        self.vec, self.capacity = spec.vec, spec.capacity
+        self.name = spec.name
+        self.S = spec.input.slot_num
+        self.table = tf.Variable(tf.zeros([self.capacity, self.vec]), name=f"{spec.name}_table")
+        o = spec.optimizer
+        self.compiled = o.update_type != "Global" and o.type in ("Adam", "SGD")
+        self.tfopt = TFOptimizer(o)
+        if self.compiled:
+            if o.type == "Adam":
+                self.kopt = el_opt.Adam(o.learning_rate, beta_1=o.beta1, beta_2=o.beta2, epsilon=o.epsilon,
+                                        name=f"{spec.name}_adam")
+            else:
+                self.kopt = el_opt.SGD(o.learning_rate, name=f"{spec.name}_sgd")
+            self.kopt.build([self.table])
+            if o.type == "Adam":
+                i = self.kopt._get_variable_index(self.table)
+                self.slots = [_tf_var(self.kopt._momentums[i]), _tf_var(self.kopt._velocities[i])]
+            else:
+                self.slots = []
+        else:
+            self.kopt = None
+            self.slots = self.tfopt.make_slots([self.capacity, self.vec], spec.name)
+        self.lock = threading.Lock()
+        self.one_hot = spec.one_hot
+        if self.one_hot:
+            ssa = np.asarray(spec.slot_size_array, np.int64)
+            self.slot_lo = np.concatenate([[0], np.cumsum(ssa)[:-1]])
+            self.slot_hi = self.slot_lo + ssa
+            self.keys_table = None
+        else:
+            self.keys_table = _hash_table(min(self.capacity, 1 << 20))
+        self.row_keys = np.zeros(self.capacity if not self.one_hot else 0, np.int64)
+        self.row_slots = np.zeros(self.capacity if not self.one_hot else 0, np.int64)
+        self.watermark = 0               # rows [0, watermark) hold initialized values
+        self.oversub = bool(oversubscribe)
+        self.store = (HostStore(store_dir, f"emb{spec.index}_{spec.name}", self.vec, len(self.slots), seed,
+                                spec.index) if self.oversub else None)
+        self.admitted = np.empty(0, np.int64)   # keyset keys absent from the store (oversubscription)
+        self.keysets = []
+        self.loaded = False
+        self.generation = 0
+
+    # ---- key -> row translation ------------------------------------------------------
+
+    def _slot_of(self, splits, pos):
+        """Slot (within this input) and sample of the key at position pos of a batch's keys."""
+        row = int(np.searchsorted(splits, pos, side="right") - 1)
+        return row % self.S, row // self.S
+
+    def translate_train(self, splits, keys, batch):
+        """Rows of a training batch's keys (inserting new ones); raises KeyError_."""
+        if self.one_hot:
+            return self._one_hot_rows(splits, keys, batch)
+        with self.lock:
+            if self.oversub:
+                if not self.loaded:
+                    raise KeyError_(f"embedding {self.name!r}: no keyset loaded; call "
+                                    "get_model_oversubscriber().update(keyset_file) before training on "
+                                    f"file list {batch.file_list}")
+                rows = self.keys_table.find(keys)
+                miss = np.flatnonzero(rows < 0)
+                if len(miss):
+                    mk = keys[miss]
+                    pos = np.searchsorted(self.admitted, mk)
+                    pos = np.minimum(pos, max(len(self.admitted) - 1, 0))
+                    ok = (self.admitted[pos] == mk) if len(self.admitted) else np.zeros(len(mk), bool)
+                    if not ok.all():
+                        j = int(miss[np.flatnonzero(~ok)[0]])
+                        slot, sample = self._slot_of(splits, j)
+                        raise KeyError_(
+                            f"embedding {self.name!r}: key {int(keys[j])} of slot {slot} (sparse input "
+                            f"{self.spec.input.top!r}; {batch.locate(sample)}) in file list "
+                            f"{batch.file_list} is not in the loaded keysets ({self.keysets}); "
+                            "nothing was trained on this batch")
+                    self._insert(mk, splits, keys, miss, batch)
+                    rows = self.keys_table.find(keys)
+                return rows
+            return self._insert(keys, splits, keys, np.arange(len(keys)), batch)
+
+    def _insert(self, new_keys, splits, keys, pos_in_batch, batch):
+        before = int(self.keys_table.size())
+        try:
+            rows = self.keys_table.find_or_insert(new_keys, max_size=self.capacity)
+        except ValueError:
+            found = self.keys_table.find(new_keys)
+            fresh = new_keys[found < 0]
+            _, first = np.unique(fresh, return_index=True)
+            fresh_in_order = fresh[np.sort(first)]
+            k = int(fresh_in_order[self.capacity - before])
+            j = int(pos_in_batch[np.flatnonzero(new_keys == k)[0]])
+            slot, sample = self._slot_of(splits, j)
+            raise KeyError_(
+                f"embedding {self.name!r}: key {k} of slot {slot} (sparse input {self.spec.input.top!r}; "
+                f"{batch.locate(sample)}) in file list {batch.file_list} does not fit: the table already "
+                f"holds {before} distinct keys and max_vocabulary_size_per_gpu is {self.capacity}; "
+                "nothing was inserted or trained on this batch") from None
+        after = int(self.keys_table.size())
+        if after > before:
+            new = rows >= before
+            self.row_keys[rows[new]] = new_keys[new]
+            p = pos_in_batch[new]
+            sample_rows = np.searchsorted(splits, p, side="right") - 1
+            self.row_slots[rows[new]] = sample_rows % self.S
+        return rows if len(new_keys) == len(keys) else None
+
+    def _one_hot_rows(self, splits, keys, batch):
+        rows_of = np.repeat(np.arange(len(splits) - 1), np.diff(splits))
+        slot = rows_of % self.S
+        bad = np.flatnonzero((keys < self.slot_lo[slot]) | (keys >= self.slot_hi[slot]))
+        if len(bad):
+            j = int(bad[0])
+            s = int(slot[j])
+            raise KeyError_(
+                f"embedding {self.name!r}: key {int(keys[j])} of slot {s} ({batch.locate(int(rows_of[j]) // self.S)}) "
+                f"in file list {batch.file_list} is outside the slot's slot_size_array range "
+                f"[{int(self.slot_lo[s])}, {int(self.slot_hi[s])})")
+        return keys.copy()
+
+    def translate_eval(self, keys):
+        """Rows of evaluation keys; keys not in the working table (or not yet initialized) -> -1."""
+        if self.one_hot:
+            return np.where((keys >= 0) & (keys < self.capacity), keys, -1)
+        with self.lock:
+            rows = self.keys_table.find(keys)
+            wm = self.watermark
+        return np.where(rows < wm, rows, -1)
+
+    def pending_init(self, rows_in_batch=None):
+        """(rows, values) of the rows a batch needs initialized: every row below the batch's
+        highest row not yet initialized (rows are handed out in translation order, so these are
+        the batch's new keys and, at most, a few of prefetched batches). Advances the watermark."""
+        if self.one_hot:
+            return np.empty(0, np.int64), np.empty((0, self.vec), np.float32)
+        with self.lock:
+            upto = self.watermark
+            if rows_in_batch is not None and len(rows_in_batch):
+                upto = max(upto, int(rows_in_batch.max()) + 1)
+            rows = np.arange(self.watermark, upto, dtype=np.int64)
+            keys = self.row_keys[self.watermark:upto].copy()
+            self.watermark = upto
+        return rows, init_values(keys, self.vec, self.seed, self.spec.index)
+
+    # ---- loading and exporting -------------------------------------------------------
+
+    def load_model(self, keys, vectors, slot_ids=None):
+        """Loads a stored sparse model (keys + vectors) as the starting table."""
+        keys = np.asarray(keys, np.int64)
+        vectors = np.asarray(vectors, np.float32)
+        if self.one_hot:
+            bad = np.flatnonzero((keys < 0) | (keys >= self.capacity))
+            if len(bad):
+                raise KeyError_(f"embedding {self.name!r}: stored key {int(keys[bad[0]])} is outside the "
+                                f"one-hot table of {self.capacity} rows")
+            self.table.scatter_update(tf.IndexedSlices(vectors, keys))
+            return
+        if self.oversub:
+            rows = self.store.rows_for(keys, slot_ids)
+            for a in range(0, len(keys), _CHUNK):
+                self.store.values[rows[a:a + _CHUNK]] = vectors[a:a + _CHUNK]
+            self.store.flush()
+            return
+        with self.lock:
+            if len(np.unique(keys)) + int(self.keys_table.size()) > self.capacity:
+                raise KeyError_(f"embedding {self.name!r}: the stored model holds {len(keys)} keys, more than "
+                                f"max_vocabulary_size_per_gpu {self.capacity}")
+            rows = self.keys_table.find_or_insert(keys, max_size=self.capacity)
+            self.row_keys[rows] = keys
+            if slot_ids is not None:
+                self.row_slots[rows] = slot_ids
+            self.watermark = int(self.keys_table.size())
+        self.table.scatter_update(tf.IndexedSlices(tf.constant(vectors), tf.constant(rows)))
+
+    def export(self):
+        """(keys, vectors, slot_ids or None) of the whole table (with oversubscription: the store)."""
+        localized = self.spec.localized
+        if self.one_hot:
+            keys = np.arange(self.capacity, dtype=np.int64)
+            slots = np.searchsorted(self.slot_hi, keys, side="right")
+            return keys, self.table.numpy(), slots
+        if self.oversub:
+            self.write_back()
+            keys, rows = self.store.export()
+            order = np.argsort(rows)
+            keys, rows = keys[order], rows[order]
+            vals = self.store.values[:len(keys)]
+            return keys, vals, (self.store.slot_ids[:len(keys)] if localized else None)
+        with self.lock:
+            keys, rows = self.keys_table.export()
+            keep = rows < self.watermark            # rows a training step has initialized
+        keys, rows = keys[keep], rows[keep]
+        order = np.argsort(rows)
+        keys, rows = keys[order], rows[order]
+        vals = self.table[:len(rows)].numpy() if len(rows) else np.zeros((0, self.vec), np.float32)
+        return keys, vals, (self.row_slots[rows].copy() if localized else None)
+
+    # ---- oversubscription ------------------------------------------------------------
+
+    def write_back(self):
+        """Writes the working rows (values and optimizer state) to the store. Returns bytes moved."""
+        if not self.oversub or not self.loaded:
+            return 0
+        with self.lock:
+            n = self.watermark
+            keys = self.row_keys[:n].copy()
+            slots = self.row_slots[:n].copy()
+        moved = 0
+        srows = self.store.rows_for(keys, slots)
+        for a in range(0, n, _CHUNK):
+            b = min(a + _CHUNK, n)
+            vals = self.table[a:b].numpy()
+            st = (np.concatenate([s[a:b].numpy() for s in self.slots], axis=1) if self.slots
+                  else np.zeros((b - a, 0), np.float32))
+            self.store.scatter(srows[a:b], vals, st)
+            moved += vals.nbytes + st.nbytes
+        self.store._release()
+        return moved
+
+    def load_keyset(self, keys, keyset_names):
+        """Writes back the previous pass and loads this embedding's rows of `keys`. Returns bytes moved."""
+        moved = self.write_back()
+        keys = np.unique(np.asarray(keys, np.int64))
+        srows = self.store.find(keys)
+        have = srows >= 0
+        known, krows = keys[have], srows[have]
+        if len(known) > self.capacity:
+            raise KeyError_(f"embedding {self.name!r}: the keysets {keyset_names} name {len(known)} keys of "
+                            f"this embedding, more than its max_vocabulary_size_per_gpu {self.capacity}; "
+                            "nothing was loaded")
+        order = np.argsort(krows)                 # read the store in file order
+        known, krows = known[order], krows[order]
+        with self.lock:
+            self.keys_table.clear()
+            if len(known):
+                rows = self.keys_table.find_or_insert(known)
+                assert rows[-1] == len(known) - 1
+            self.row_keys[:len(known)] = known
+            self.row_slots[:len(known)] = self.store.slot_ids[krows]
+            self.watermark = len(known)
+            self.admitted = keys[~have]
+            self.keysets = keyset_names
+            self.loaded = True
+            self.generation += 1
+        for a in range(0, len(known), _CHUNK):
+            b = min(a + _CHUNK, len(known))
+            vals, st = self.store.gather(krows[a:b])
+            self.table[a:b].assign(vals)
+            c = 0
+            for s in self.slots:
+                s[a:b].assign(st[:, c:c + self.vec])
+                c += self.vec
+            moved += vals.nbytes + st.nbytes
+        self.store._release()
+        return moved
+
+    # ---- training-step pieces (called inside tf.function) ----------------------------
+
+    def lookup(self, splits, rows, train: bool):
+        ids = tf.RaggedTensor.from_row_splits(rows, splits, validate=False)
+        if train and self.compiled:
+            out = el_ops.fused_embedding_lookup([self.table], [ids], [self.spec.combiner], optimizer=self.kopt)[0]
+        else:
+            out = el_ops.embedding_lookup(self.table, ids, combiner=self.spec.combiner)
+        return tf.reshape(out, [-1, self.S, self.vec])
+
+    def init_rows(self, rows, values):
+        self.table.scatter_update(tf.IndexedSlices(values, rows))
+        for s in self.slots:
+            s.scatter_update(tf.IndexedSlices(tf.zeros_like(values), rows))
+
+    def apply(self, grad, lr, used_rows):
+        """Non-compiled update (MomentumSGD / Nesterov, or any Global update) from the table's
+        IndexedSlices gradient."""
+        if grad is None:
+            return
+        if isinstance(grad, tf.IndexedSlices):
+            idx, g = tf.cast(grad.indices, tf.int64), grad.values
+        else:
+            g = tf.convert_to_tensor(grad)
+            idx = tf.range(tf.shape(g, out_type=tf.int64)[0])
+        self.tfopt.step.assign_add(1)
+        t = self.tfopt.step
+        if self.spec.optimizer.update_type == "Global" and self.spec.optimizer.type != "SGD":
+            self.tfopt.apply_prefix(idx, g, self.table, self.slots, lr, t, used_rows)
+        else:
+            self.tfopt.apply_rows(idx, g, self.table, self.slots, lr, t)

@@ -1,0 +1,510 @@
+"""`Session` and `solver_parser_helper`: HugeCTR v2.3's Python training interface.
+
+    from embedlab.session import Session, solver_parser_helper
+    solver = solver_parser_helper(batchsize=16384, repeat_dataset=False)
+    sess = Session(solver, "wdl.json", True, "./temp_embedding")
+    reader = sess.get_data_reader_train()
+    for file_list, keyset in dataset:
+        reader.set_file_list_source(file_list)
+        sess.get_model_oversubscriber().update(keyset)
+        while sess.train():
+            ...
+    sess.download_params_to_files("./", iteration)
+
+The model comes from a HugeCTR JSON file (`spec.parse_model`); the embeddings are hash tables
+on EmbedLab's compiled lookup kernels with the optimizer fused into the backward (Adam / SGD,
+`Local` or `LazyGlobal` updates) or TensorFlow update rules (MomentumSGD, Nesterov, any
+`Global` update); the dense layers are TensorFlow ops. One training iteration is one compiled
+`tf.function` call: initialize the rows new keys took, look up, forward, backward, update.
+Key -> row translation happens in the data reader's background thread, so the step only sees
+row indices.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from .. import sparse_model
+from ..data.formats import read_keyset
+from . import model_files
+from .embedding import Embedding, KeyError_, TFOptimizer, lr_at
+from .layers import DenseModel
+from .reader import DataReader
+from .spec import ModelError, parse_model
+
+__all__ = ["Session", "SolverConfig", "solver_parser_helper", "ModelOversubscriber", "auc"]
+
+
+@dataclass
+class SolverConfig:
+    """What `solver_parser_helper` returns (HugeCTR's `SolverParser`)."""
+    seed: int = 0
+    batchsize_eval: int = 16384
+    batchsize: int = 16384
+    model_file: str = ""
+    embedding_files: list = field(default_factory=list)
+    vvgpu: list = field(default_factory=lambda: [[0]])
+    use_mixed_precision: bool = False
+    scaler: float = 1.0
+    i64_input_key: bool = False
+    use_algorithm_search: bool = True
+    use_cuda_graph: bool = True
+    repeat_dataset: bool = False
+    max_eval_batches: int | None = None
+
+
+def solver_parser_helper(seed=0, batchsize_eval=16384, batchsize=16384, model_file="", embedding_files=(),
+                         vvgpu=((0,),), use_mixed_precision=False, scaler=1.0, i64_input_key=False,
+                         use_algorithm_search=True, use_cuda_graph=True, repeat_dataset=False,
+                         max_eval_batches=None) -> SolverConfig:
+    """The solver configuration (replaces the JSON's `solver` clause), HugeCTR v2.3's arguments.
+
+    Args:
+        seed: initializes the dense weights, the embedding rows (per key) and dropout.
+        batchsize_eval, batchsize: samples per evaluation / training batch.
+        model_file: a dense model file to start from ('' = fresh weights).
+        embedding_files: one sparse model folder per embedding to start from ([] = fresh).
+        vvgpu: the devices. Without GPUs (what TensorFlow sees), one device: `[[0]]`. With GPUs,
+            one GPU id; the Session trains on one device.
+        use_mixed_precision, scaler: float16 dense compute with this loss scale.
+        i64_input_key: the data files hold int64 keys (else uint32).
+        use_algorithm_search, use_cuda_graph: cuBLAS algorithm search and CUDA graphs in HugeCTR;
+            accepted and reported by `Session.summary()`, they change nothing here.
+        repeat_dataset: False: `train()` returns False at the end of the file list.
+        max_eval_batches: batches per `evaluation()` (None: the JSON solver's `eval_batches`,
+            else the whole evaluation list).
+
+    Example:
+        >>> cfg = solver_parser_helper(batchsize=512, batchsize_eval=512)
+        >>> cfg.batchsize, cfg.repeat_dataset
+        (512, False)
+    """
+    def _int(name, v, lo=1):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+            raise ValueError(f"solver_parser_helper: {name} must be an integer >= {lo}, got {v!r}")
+        return int(v)
+
+    vv = [list(x) for x in vvgpu]
+    if not vv or not all(vv) or not all(isinstance(g, (int, np.integer)) and g >= 0 for x in vv for g in x):
+        raise ValueError(f"solver_parser_helper: vvgpu must be a list of device-id lists like [[0]], got {vvgpu!r}")
+    if not isinstance(scaler, (int, float)) or scaler <= 0:
+        raise ValueError(f"solver_parser_helper: scaler must be > 0, got {scaler!r}")
+    emb = list(embedding_files)
+    if not all(isinstance(e, (str, Path)) for e in emb):
+        raise ValueError(f"solver_parser_helper: embedding_files must be a list of paths, got {embedding_files!r}")
+    return SolverConfig(seed=_int("seed", seed, 0), batchsize_eval=_int("batchsize_eval", batchsize_eval),
+                        batchsize=_int("batchsize", batchsize), model_file=str(model_file or ""),
+                        embedding_files=[str(e) for e in emb], vvgpu=vv,
+                        use_mixed_precision=bool(use_mixed_precision), scaler=float(scaler),
+                        i64_input_key=bool(i64_input_key), use_algorithm_search=bool(use_algorithm_search),
+                        use_cuda_graph=bool(use_cuda_graph), repeat_dataset=bool(repeat_dataset),
+                        max_eval_batches=None if max_eval_batches is None else _int("max_eval_batches",
+                                                                                   max_eval_batches))
+
+
+def auc(labels, scores) -> float:
+    """Area under the ROC curve (ties count one half), the Mann-Whitney way."""
+    labels = np.asarray(labels).reshape(-1) > 0.5
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    p, n = int(labels.sum()), int((~labels).sum())
+    if p == 0 or n == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s), np.float64)
+    # average ranks over ties
+    _, first, counts = np.unique(s, return_index=True, return_counts=True)
+    avg = first + (counts + 1) / 2.0
+    ranks[order] = np.repeat(avg, counts)
+    return float((ranks[labels].sum() - p * (p + 1) / 2.0) / (p * n))
+
+
+@tf.custom_gradient
+def _scale_grad(x, s):
+    def grad(dy):
+        return dy * s, None
+    return tf.identity(x), grad
+
+
+class ModelOversubscriber:
+    """HugeCTR's `ModelPrefetcher` / `ModelOversubscriber`: `update(keyset_file | [keyset_files])`.
+
+    Writes the working rows of the previous pass (values and optimizer state) back to the host
+    store and loads exactly the rows of the keysets' keys into the working tables. Keys of the
+    keysets that no store holds yet (never trained) are admitted: they take a fresh row, with
+    their initial vector, when training first meets them. A training key outside the loaded
+    keysets is an error naming the key, the slot and the file list.
+    """
+
+    def __init__(self, session):
+        self._s = session
+        self.switches = []              # [{"bytes", "seconds", "keys"}] per update()
+
+    def update(self, keyset_files):
+        files = [keyset_files] if isinstance(keyset_files, (str, Path)) else list(keyset_files)
+        if not files:
+            raise ValueError("ModelOversubscriber.update: no keyset file given")
+        kt = "int64" if self._s.solver.i64_input_key else "uint32"
+        parts = []
+        for f in files:
+            if not Path(f).is_file():
+                raise FileNotFoundError(f"ModelOversubscriber.update: keyset file {f} does not exist")
+            parts.append(read_keyset(f, key_type=kt).astype(np.int64))
+        keys = np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+        hashes = [e for e in self._s.embeddings if e.oversub]
+        total_cap = sum(e.capacity for e in hashes)
+        if len(keys) > total_cap:
+            raise KeyError_(f"ModelOversubscriber.update: the keysets {files} hold {len(keys)} keys, more than "
+                            f"the working tables hold together ({total_cap} = sum of "
+                            "max_vocabulary_size_per_gpu); nothing was loaded")
+        t0 = time.perf_counter()
+        moved = 0
+        for e in hashes:
+            moved += e.load_keyset(keys, [str(f) for f in files])
+        dt = time.perf_counter() - t0
+        self.switches.append({"bytes": moved, "seconds": dt, "keys": int(len(keys))})
+        return moved
+
+
+class Session:
+    """A HugeCTR JSON model trained on EmbedLab (see the module docstring).
+
+    Args:
+        solver_config: from `solver_parser_helper`.
+        config_file: HugeCTR JSON model file (`optimizer` and `layers`; a `solver` clause is
+            read, and overridden by `solver_config`).
+        use_model_oversubscriber: train tables larger than the working tables pass by pass
+            (`get_model_oversubscriber().update(keyset)` before each file list).
+        temp_embedding_dir: folder for the host store (required with oversubscription).
+    """
+
+    def __init__(self, solver_config: SolverConfig, config_file, use_model_oversubscriber: bool = False,
+                 temp_embedding_dir: str = ""):
+        if not isinstance(solver_config, SolverConfig):
+            raise TypeError("Session: solver_config must come from solver_parser_helper(...), got "
+                            f"{type(solver_config).__name__}")
+        self.solver = s = solver_config
+        self.spec = spec = parse_model(config_file)
+        self.config_file = str(config_file)
+        self.device = self._pick_device(s.vvgpu)
+        self.oversub = bool(use_model_oversubscriber)
+        if self.oversub:
+            if not temp_embedding_dir:
+                raise ValueError("Session: use_model_oversubscriber=True needs a temp_embedding_dir")
+            for e in spec.embeddings:
+                if e.one_hot:
+                    raise ModelError(f"{spec.path}: embedding {e.name!r} is one-hot; model oversubscription "
+                                     "applies to hash embeddings")
+        self.temp_embedding_dir = str(temp_embedding_dir)
+        self.compute_dtype = tf.float16 if s.use_mixed_precision else tf.float32
+        solver_clause = spec.solver or {}
+        self.max_eval_batches = s.max_eval_batches or solver_clause.get("eval_batches")
+        with tf.device(self.device):
+            self.embeddings = [Embedding(e, s.seed, self.oversub, temp_embedding_dir) for e in spec.embeddings]
+            self.dense = DenseModel(spec, s.seed)
+            self.dense_opt = TFOptimizer(spec.optimizer)
+            self.dense_slots = [self.dense_opt.make_slots(v.shape, v.name.split(":")[0])
+                                for v in self.dense.weights()]
+        self._lr_override = None
+        self.iteration = 0
+        self._loss = None
+        self._train_fn = self._build_train_fn()
+        self._eval_fn = self._build_eval_fn()
+        d = spec.data
+        self.reader_train = DataReader(d, s.batchsize, s.i64_input_key, s.repeat_dataset, "train",
+                                       default_source=d.source, raw_samples=d.num_samples)
+        self.reader_eval = DataReader(d, s.batchsize_eval, s.i64_input_key, False, "eval",
+                                      default_source=d.eval_source, raw_samples=d.eval_num_samples)
+        self.reader_train.translate = self._translate_train
+        self._oversubscriber = ModelOversubscriber(self) if self.oversub else None
+        if s.model_file:
+            self._load_dense(s.model_file)
+        if s.embedding_files:
+            self._load_embeddings(s.embedding_files)
+
+    # ---- setup -------------------------------------------------------------------------
+
+    @staticmethod
+    def _pick_device(vvgpu):
+        ids = [g for x in vvgpu for g in x]
+        gpus = tf.config.list_logical_devices("GPU")
+        if len(ids) != 1:
+            raise ValueError(f"Session: vvgpu {vvgpu} names {len(ids)} devices; this Session trains on one "
+                             "device (use [[0]])")
+        if not gpus:
+            if ids[0] != 0:
+                raise ValueError(f"Session: vvgpu {vvgpu}: this machine has no GPU, so the one device is [[0]] "
+                                 "(the CPU)")
+            return "/CPU:0"
+        if ids[0] >= len(gpus):
+            raise ValueError(f"Session: vvgpu {vvgpu} names GPU {ids[0]} but TensorFlow sees {len(gpus)}")
+        return f"/GPU:{ids[0]}"
+
+    def _load_dense(self, path):
+        ws = self.dense.weights()
+        arrays, bn = model_files.read_dense(path, [tuple(v.shape) for v in ws],
+                                            [l.name for l in self.spec.layers if self.dense.layer_weights[l.name]])
+        for v, a in zip(ws, arrays):
+            v.assign(a)
+        for name, (m, var) in (bn or {}).items():
+            if name in self.dense.bn:
+                self.dense.bn[name][0].assign(m)
+                self.dense.bn[name][1].assign(var)
+
+    def _load_embeddings(self, files):
+        if len(files) != len(self.embeddings):
+            raise ValueError(f"Session: embedding_files lists {len(files)} sparse models but "
+                             f"{self.config_file} has {len(self.embeddings)} embeddings")
+        for f, e in zip(files, self.embeddings):
+            m = sparse_model.read_sparse_model(f, dim=e.vec)
+            e.load_model(m.keys, m.vectors, m.slot_ids)
+
+    # ---- the compiled steps -----------------------------------------------------------
+
+    def _signature(self, train):
+        d = self.spec.data
+        sig = [tf.TensorSpec([None, d.label_dim], tf.float32), tf.TensorSpec([None, d.dense_dim], tf.float32)]
+        if train:
+            sig += [tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32),
+                    tf.TensorSpec([len(self.embeddings)], tf.float32)]
+        for e in self.embeddings:
+            sig += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)]
+            if train:
+                sig += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, e.vec], tf.float32),
+                        tf.TensorSpec([], tf.int64)]
+        return sig
+
+    def _loss_of(self, logit, label, batch):
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
+        p = self.spec.loss.params
+        if p.get("regularizer"):
+            ws = self.dense.regularized()
+            lam = p["lambda"]
+            if p["regularizer"] == "L2":
+                loss += lam / (2.0 * batch) * tf.add_n([tf.reduce_sum(tf.square(w)) for w in ws])
+            else:
+                loss += lam / batch * tf.add_n([tf.reduce_sum(tf.abs(w)) for w in ws])
+        return loss
+
+    def _build_train_fn(self):
+        embs, dense, scaler = self.embeddings, self.dense, self.solver.scaler
+        d = self.spec.data
+
+        def step(*args):
+            label, dns, it, lr_d, lr_e = args[:5]
+            rest = args[5:]
+            per = [rest[5 * i:5 * i + 5] for i in range(len(embs))]
+            for e, (_, _, irows, ivals, _) in zip(embs, per):
+                e.init_rows(irows, ivals)
+            for i, e in enumerate(embs):
+                if e.compiled:
+                    e.kopt.learning_rate = lr_e[i]
+            batch = tf.cast(tf.shape(label)[0], tf.float32)
+            with tf.GradientTape() as tape:
+                env = {d.label_top: label, d.dense_top: dns}
+                for e, (splits, rows, _, _, _) in zip(embs, per):
+                    out = e.lookup(splits, rows, train=True)
+                    if scaler != 1.0:
+                        out = _scale_grad(out, tf.constant(1.0 / scaler))
+                    env[e.spec.top] = out
+                logit = dense(env, training=True, compute_dtype=self.compute_dtype, seed=it)
+                loss = self._loss_of(logit, label, batch)
+                scaled = loss * scaler if scaler != 1.0 else loss
+            ws = dense.weights()
+            tables = [e.table for e in embs]
+            grads = tape.gradient(scaled, ws + tables)
+            gd, ge = grads[:len(ws)], grads[len(ws):]
+            if scaler != 1.0:
+                gd = [None if g is None else g / scaler for g in gd]
+                ge = [None if g is None else (tf.IndexedSlices(g.values / scaler, g.indices, g.dense_shape)
+                                              if isinstance(g, tf.IndexedSlices) else g / scaler) for g in ge]
+            self.dense_opt.step.assign_add(1)
+            self.dense_opt.apply_dense(gd, ws, self.dense_slots, lr_d, self.dense_opt.step)
+            for i, (e, g, (_, _, _, _, used)) in enumerate(zip(embs, ge, per)):
+                if not e.compiled:
+                    e.apply(g, lr_e[i], used)
+            return loss
+
+        with tf.device(self.device):
+            return tf.function(step, input_signature=self._signature(True), reduce_retracing=True)
+
+    def _build_eval_fn(self):
+        embs, dense = self.embeddings, self.dense
+        d = self.spec.data
+
+        def step(*args):
+            label, dns = args[:2]
+            env = {d.label_top: label, d.dense_top: dns}
+            for i, e in enumerate(embs):
+                env[e.spec.top] = e.lookup(args[2 + 2 * i], args[3 + 2 * i], train=False)
+            logit = dense(env, training=False, compute_dtype=self.compute_dtype)
+            return tf.sigmoid(logit), self._loss_of(logit, label, tf.cast(tf.shape(label)[0], tf.float32))
+
+        with tf.device(self.device):
+            return tf.function(step, input_signature=self._signature(False), reduce_retracing=True)
+
+    # ---- key translation --------------------------------------------------------------
+
+    def _translate_train(self, batch):
+        gens = [e.generation for e in self.embeddings]
+        try:
+            rows = [e.translate_train(sp[0], sp[1], batch) for e, sp in zip(self.embeddings, self._inputs(batch))]
+            return {"gens": gens, "rows": rows}
+        except KeyError_ as err:
+            return {"gens": gens, "error": err}
+
+    def _inputs(self, batch):
+        idx = {s.top: i for i, s in enumerate(self.spec.data.sparse)}
+        return [batch.sparse[idx[e.spec.bottom]] for e in self.embeddings]
+
+    # ---- the HugeCTR API --------------------------------------------------------------
+
+    def get_data_reader_train(self) -> DataReader:
+        """The training reader (`set_file_list_source(file_list)` / `set_source`)."""
+        return self.reader_train
+
+    def get_data_reader_eval(self) -> DataReader:
+        """The evaluation reader (`set_file_list_source(file_list)` / `set_source`)."""
+        return self.reader_eval
+
+    def get_model_oversubscriber(self) -> ModelOversubscriber:
+        """The `update(keyset)` object of model oversubscription (also `get_model_prefetcher`)."""
+        if self._oversubscriber is None:
+            raise RuntimeError("Session: model oversubscription is off; create the Session with "
+                               "use_model_oversubscriber=True and a temp_embedding_dir")
+        return self._oversubscriber
+
+    get_model_prefetcher = get_model_oversubscriber
+
+    def start_data_reading(self):
+        """Starts the training reader's background thread (`train()` does it when needed)."""
+        self.reader_train.start()
+
+    def set_learning_rate(self, lr: float):
+        """Sets the learning rate of the dense optimizer and every embedding from the next
+        iteration on (replacing the SGD warm-up / decay schedule, if any)."""
+        if not isinstance(lr, (int, float)) or lr < 0:
+            raise ValueError(f"Session.set_learning_rate: lr must be a number >= 0, got {lr!r}")
+        self._lr_override = float(lr)
+
+    def _lrs(self, step):
+        if self._lr_override is not None:
+            return self._lr_override, [self._lr_override] * len(self.embeddings)
+        return lr_at(self.spec.optimizer, step), [lr_at(e.spec.optimizer, step) for e in self.embeddings]
+
+    def train(self) -> bool:
+        """One training iteration. Returns False, training nothing, once the file list is
+        exhausted (`repeat_dataset=False`); the next `set_file_list_source` continues.
+
+        Raises:
+            a `FormatError` (bad file), or a `KeyError_` (a key the tables cannot place),
+            naming the file list, the file / key and slot; that batch is not trained.
+        """
+        batch = self.reader_train.next_batch()
+        if batch is None:
+            return False
+        tr = batch.extra
+        if not tr or tr.get("gens") != [e.generation for e in self.embeddings]:
+            tr = self._translate_train(batch)
+        if "error" in tr:
+            raise tr["error"]
+        args = [tf.constant(batch.label), tf.constant(batch.dense), tf.constant(self.iteration + 1, tf.int64)]
+        lr_d, lr_e = self._lrs(self.iteration + 1)
+        args += [tf.constant(lr_d, tf.float32), tf.constant(lr_e, tf.float32)]
+        for e, (splits, _), rows in zip(self.embeddings, self._inputs(batch), tr["rows"]):
+            irows, ivals = e.pending_init(rows)
+            args += [tf.constant(splits), tf.constant(rows), tf.constant(irows), tf.constant(ivals),
+                     tf.constant(e.watermark, tf.int64)]
+        self._loss = self._train_fn(*args)
+        self.iteration += 1
+        return True
+
+    def get_current_loss(self) -> float:
+        """The loss of the last training iteration (a host sync)."""
+        if self._loss is None:
+            raise RuntimeError("Session.get_current_loss: no iteration has been trained yet")
+        return float(self._loss)
+
+    def evaluation(self):
+        """Runs up to `max_eval_batches` batches of the evaluation list (from its start) and
+        returns `[("AUC", value)]`. Keys absent from the working tables (never trained, or under
+        oversubscription outside the loaded keysets) contribute nothing to their slot."""
+        r = self.reader_eval
+        if not r.fresh:
+            r.restart()
+        preds, labels, losses = [], [], []
+        n = 0
+        while self.max_eval_batches is None or n < self.max_eval_batches:
+            b = r.next_batch()
+            if b is None:
+                break
+            args = [tf.constant(b.label), tf.constant(b.dense)]
+            for e, (splits, keys) in zip(self.embeddings, self._inputs(b)):
+                args += [tf.constant(splits), tf.constant(e.translate_eval(keys))]
+            p, l = self._eval_fn(*args)
+            preds.append(p.numpy())
+            labels.append(b.label)
+            losses.append(float(l))
+            n += 1
+        r.restart()   # read the first batches of the next evaluation in the background
+        if not preds:
+            raise RuntimeError(f"Session.evaluation: the evaluation list {r.file_list} gave no batch")
+        self.last_eval_loss = float(np.mean(losses))
+        return [("AUC", auc(np.concatenate(labels), np.concatenate(preds)))]
+
+    def check_overflow(self):
+        """Raises FloatingPointError naming the first table or dense weight holding inf / NaN."""
+        for e in self.embeddings:
+            n = e.watermark if not e.one_hot else e.capacity
+            if n and not bool(tf.reduce_all(tf.math.is_finite(e.table[:n]))):
+                raise FloatingPointError(f"Session.check_overflow: embedding {e.name!r} holds inf or NaN")
+        for v in self.dense.weights():
+            if not bool(tf.reduce_all(tf.math.is_finite(v))):
+                raise FloatingPointError(f"Session.check_overflow: dense weight {v.name} holds inf or NaN")
+
+    def download_params_to_files(self, prefix: str, iteration: int):
+        """Writes `{prefix}_dense_{iteration}.model` and `{prefix}{i}_sparse_{iteration}.model`
+        (one `embedlab.sparse_model` folder per embedding: `key`, `emb_vector`, and `slot_id`
+        for localized embeddings). With oversubscription the sparse models hold the whole store.
+        Returns the written paths."""
+        prefix = str(prefix)
+        dense_path = f"{prefix}_dense_{int(iteration)}.model"
+        bn = {k: (m.numpy(), v.numpy()) for k, (m, v) in self.dense.bn.items()}
+        out = [model_files.write_dense(dense_path, [v.numpy() for v in self.dense.weights()], bn)]
+        for i, e in enumerate(self.embeddings):
+            keys, vals, slots = e.export()
+            out.append(sparse_model.write_sparse_model(f"{prefix}{i}_sparse_{int(iteration)}.model", keys, vals,
+                                                       slots if e.spec.localized else None))
+        return out
+
+    def summary(self) -> str:
+        """A text summary of the model, the embeddings and the solver (printed and returned)."""
+        s, sp = self.solver, self.spec
+        lines = [f"Session over {self.config_file} on {self.device}",
+                 f"  data: {sp.data.format}, check {sp.data.check}, label_dim {sp.data.label_dim}, dense_dim "
+                 f"{sp.data.dense_dim}, sparse inputs " + ", ".join(
+                     f"{x.top} ({x.type}, {x.slot_num} slots, <= {x.max_feature_num_per_sample} keys)"
+                     for x in sp.data.sparse)]
+        for e in self.embeddings:
+            o = e.spec.optimizer
+            path = "compiled lookup with fused backward+update" if e.compiled else "TensorFlow update rule"
+            lines.append(f"  embedding {e.name}: {e.spec.type}, vec {e.vec}, {e.spec.combiner}, capacity "
+                         f"{e.capacity}, {o.type}/{o.update_type} ({path})"
+                         + (", oversubscribed (host store: memory-mapped files)" if e.oversub else ""))
+        for l in sp.layers:
+            lines.append(f"  {l.type:<24} {l.name:<16} {','.join(l.bottoms)} -> {','.join(l.tops)} "
+                         f"{[str(x) for x in l.out_shapes]}")
+        lines.append(f"  dense weights: {self.dense.num_values()} float32 values; optimizer "
+                     f"{sp.optimizer.type}/{sp.optimizer.update_type}")
+        lines.append(f"  solver: seed {s.seed}, batchsize {s.batchsize}, batchsize_eval {s.batchsize_eval}, "
+                     f"i64_input_key {s.i64_input_key}, repeat_dataset {s.repeat_dataset}, mixed precision "
+                     f"{s.use_mixed_precision} (scaler {s.scaler}), max_eval_batches {self.max_eval_batches}")
+        lines.append(f"  use_algorithm_search={s.use_algorithm_search}, use_cuda_graph={s.use_cuda_graph}: "
+                     "accepted; they select cuBLAS algorithms and CUDA graphs in HugeCTR and change nothing here")
+        text = "\n".join(lines)
+        print(text)
+        return text
