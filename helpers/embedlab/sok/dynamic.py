@@ -42,14 +42,14 @@ class _LocalHashIndex:
         self.table_name = table_name
         self.max_size = int(max_size or 0)
         with tf.init_scope(), tf.device("/device:CPU:0"):
-            self.table = ht.HashTable(initial_capacity=max(16, int(initial_capacity)))
+            self.table = ht.HashTable(initial_capacity=max(16, int(initial_capacity)), name=table_name)
 
     def lookup_index(self, keys, insert=True):
         """Row index of every key (int64); inserts unseen keys when `insert`, else -1 for them."""
         keys = tf.convert_to_tensor(keys, tf.int64)
         with tf.device("/device:CPU:0"):
             if insert:
-                return self.table.find_or_insert(keys, max_size=self.max_size, name=self.table_name)
+                return self.table.find_or_insert(keys, max_size=self.max_size)
             return self.table.find(keys)
 
     def size(self):
@@ -158,7 +158,9 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
         idx = self.hash_index.lookup_index(keys, insert=insert)
         if not insert:
             return idx
-        grown = self._grow_to(self.hash_index.size())
+        with tf.control_dependencies([idx]):
+            size = self.hash_index.size()
+        grown = self._grow_to(size)
         with tf.control_dependencies([grown]):
             return tf.identity(idx)
 

@@ -2,6 +2,7 @@
 
     python -m embedlab.sok.launch -n 2 train.py --epochs 3
     python -m embedlab.sok.launch -n 2 --timeout 600 --collective-timeout 60 train.py
+    python -m embedlab.sok.launch -n 2 -m embedlab.sok.demo --data rows.tsv      # a module
     python -m embedlab.sok.launch --hosts node1,node2 --port 12345             # print TF_CONFIGs
     python -m embedlab.sok.launch --hosts node1,node2 --port 12345 --index 1 train.py   # run rank 1 here
 
@@ -177,8 +178,31 @@ def run_local(n: int, cmd: list[str], timeout: float | None = None, collective_t
         _end(workers)
 
 
+_VALUED = {"-n", "--num-workers", "--timeout", "--collective-timeout", "--hosts", "--port", "--index"}
+
+
+def _split_argv(argv):
+    """(launcher options, target, target args): everything after `-m MODULE` or the script
+    belongs to the worker program, whatever it looks like."""
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "-m":
+            if i + 1 >= len(argv):
+                return argv[:i] + ["-m"], None, []
+            return argv[:i], ["-m", argv[i + 1]], argv[i + 2:]
+        if tok.startswith("-"):
+            i += 2 if tok in _VALUED else 1
+            continue
+        return argv[:i], [tok], argv[i + 1:]
+    return argv, None, []
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts, target, rest = _split_argv(argv)
     ap = argparse.ArgumentParser(prog="python -m embedlab.sok.launch", description=__doc__.split("\n\n")[0],
+                                 usage="python -m embedlab.sok.launch [options] (script.py | -m module) [args...]",
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", "--num-workers", type=int, help="local worker processes to start")
     ap.add_argument("--timeout", type=float, default=None, help="end the whole job after this many seconds")
@@ -187,14 +211,15 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", help="comma-separated host names of a multi-machine job")
     ap.add_argument("--port", type=int, default=12345, help="port on every host in --hosts mode")
     ap.add_argument("--index", type=int, help="rank to run on this machine in --hosts mode")
-    ap.add_argument("script", nargs="?", help="the Python script every worker runs")
-    ap.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
-    a = ap.parse_args(argv)
+    a = ap.parse_args(opts)
+    target = target or []
+    a.args = rest
+    a.script = target[0] if target and target[0] != "-m" else None
 
     if a.hosts:
         hosts = [h.strip() for h in a.hosts.split(",") if h.strip()]
         workers = [h if ":" in h else f"{h}:{a.port}" for h in hosts]
-        if a.script is None or a.index is None:
+        if not target or a.index is None:
             for i, h in enumerate(hosts):
                 print(f"# on {h}:\nexport TF_CONFIG='{tf_config(workers, i)}'")
             return 0
@@ -202,15 +227,15 @@ def main(argv=None) -> int:
             ap.error(f"--index {a.index} is outside 0..{len(workers) - 1}")
         env = dict(os.environ, TF_CONFIG=tf_config(workers, a.index), EMBEDLAB_SOK_RANK=str(a.index),
                    EMBEDLAB_SOK_WORLD_SIZE=str(len(workers)), EMBEDLAB_SOK_TIMEOUT=str(a.collective_timeout))
-        return subprocess.call([sys.executable, a.script, *a.args], env=env)
+        return subprocess.call([sys.executable, *target, *a.args], env=env)
 
     if not a.num_workers or a.num_workers < 1:
         ap.error("give -n N (N >= 1) or --hosts")
-    if a.script is None:
-        ap.error("give the script to run")
-    if not os.path.exists(a.script):
+    if not target:
+        ap.error("give the script to run (or -m MODULE)")
+    if a.script is not None and not os.path.exists(a.script):
         ap.error(f"script {a.script!r} not found")
-    return run_local(a.num_workers, [sys.executable, a.script, *a.args], timeout=a.timeout,
+    return run_local(a.num_workers, [sys.executable, *target, *a.args], timeout=a.timeout,
                      collective_timeout=a.collective_timeout)
 
 

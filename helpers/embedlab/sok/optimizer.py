@@ -76,7 +76,7 @@ class OptimizerWrapper:
                              f"one, got {type(optimizer).__name__}")
         self._user = optimizer
         self._embedlab = _is_embedlab(optimizer)
-        with local_variable_scope():
+        with tf.init_scope(), local_variable_scope():   # also when first met inside a tf.function
             self._opt = type(optimizer).from_config(optimizer.get_config())
         self._opt._distribution_strategy = distribute_lib._get_default_strategy()
         self._opt._backend_update_step = self._local_update

@@ -20,9 +20,12 @@ CASES = [
      False, "sgd"),
     ("mixed_mean_weighted_adagrad", [(29, 4, "distributed"), (13, 4, "localized:1"), (7, 4, "localized:0")],
      ["mean", "sum", "mean"], True, "adagrad"),
+    # rows None: a DynamicVariable (initializer "0.5", init_capacity 4) over keys from a wide int64 space
+    ("dynamic_sgd", [(None, 4, "distributed"), (None, 4, "localized:1")], ["sum", "mean"], False, "sgd"),
     ("dist_mean_embedlab_adam", [(41, 8, "distributed"), (19, 8, "distributed")], ["mean", "sum"], False,
      "embedlab_adam"),
 ]
+DYNAMIC_INIT = 0.5
 STEPS = 4
 LOCAL_BATCH = 6
 LR = 0.1
@@ -38,7 +41,8 @@ def case_data(case, world, seed):
     """Initial tables, dense kernel, and STEPS global batches (keys, weights, row lengths, labels)."""
     name, tables, combiners, weighted, opt = case
     rng = np.random.default_rng(seed + sum(map(ord, name)))
-    init = [rng.normal(size=(r, d)).astype(np.float32) for r, d, _ in tables]
+    universe = rng.integers(-2**62, 2**62, size=40)
+    init = [rng.normal(size=(r, d)).astype(np.float32) if r else None for r, d, _ in tables]
     kernel = rng.normal(size=(sum(d for _, d, _ in tables), 1)).astype(np.float32) * 0.5
     gb = LOCAL_BATCH * world
     batches = []
@@ -47,7 +51,7 @@ def case_data(case, world, seed):
         for r, d, _ in tables:
             lens = rng.integers(0, 4, size=gb)           # empty rows included
             lens[rng.integers(0, gb)] = 0
-            keys = rng.integers(0, r, size=int(lens.sum()))
+            keys = rng.integers(0, r, size=int(lens.sum())) if r else rng.choice(universe, size=int(lens.sum()))
             if keys.size > 2:                             # duplicates in a row
                 keys[1] = keys[0]
             w = rng.uniform(0.5, 2.0, size=keys.size).astype(np.float32) if weighted else None
@@ -81,7 +85,10 @@ def run_case(tf, keras, sok, case, world, rank, seed, use_sparse):
     name, tables, combiners, weighted, opt_name = case
     strategy = sok.context().strategy
     init, kernel, batches = case_data(case, world, seed)
-    vars_ = [sok.Variable(init[t], mode=localized(m, world), name=f"{name}_t{t}") for t, (_, _, m) in enumerate(tables)]
+    vars_ = [sok.Variable(init[t], mode=localized(m, world), name=f"{name}_t{t}") if r else
+             sok.DynamicVariable(d, initializer=str(DYNAMIC_INIT), mode=localized(m, world), init_capacity=4,
+                                 name=f"{name}_t{t}")
+             for t, (r, d, m) in enumerate(tables)]
     with strategy.scope():
         dense = keras.layers.Dense(1, use_bias=False, kernel_initializer=keras.initializers.Constant(kernel))
         dense.build((None, kernel.shape[0]))

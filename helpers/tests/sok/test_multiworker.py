@@ -59,6 +59,16 @@ def reference(case, world, seed):
 
     name, tables, combiners, weighted, opt_name = case
     init, kernel, batches = J.case_data(case, world, seed)
+    # A DynamicVariable is checked as a dense table over the keys the batches hold (a dict
+    # oracle: key -> row, every row starting at the initializer's value).
+    universes = [None] * len(init)
+    for t, (rows, dim, _) in enumerate(tables):
+        if rows is None:
+            universes[t] = np.unique(np.concatenate([b[0][t][1] for b in batches]))
+            init[t] = np.full((len(universes[t]), dim), J.DYNAMIC_INIT, np.float32)
+            for per_table, _ in batches:
+                lens, keys, w = per_table[t]
+                per_table[t] = (lens, np.searchsorted(universes[t], keys).astype(np.int64), w)
     tv = [tf.Variable(x) for x in init]
     kv = tf.Variable(kernel)
     opt = {"sgd": lambda: keras.optimizers.SGD(learning_rate=J.LR),
@@ -87,7 +97,7 @@ def reference(case, world, seed):
         opt.apply_gradients(zip(grads[:len(tv)], tv))
         dense_opt.apply_gradients([(grads[-1], kv)])
         losses.append(float(loss))
-    return np.array(losses), [t.numpy() for t in tv], kv.numpy()
+    return np.array(losses), [t.numpy() for t in tv], kv.numpy(), universes
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -95,10 +105,11 @@ def test_training_matches_single_process_reference(outdir, world):
     res = train_results(outdir, world)
     for case in J.CASES:
         name = case[0]
-        losses, tables, kernel = reference(case, world, SEED)
+        losses, tables, kernel, universes = reference(case, world, SEED)
         np.testing.assert_allclose(res[f"{name}/losses"], losses, rtol=1e-5, atol=1e-6, err_msg=f"{name} losses")
         for t, full in enumerate(tables):
-            np.testing.assert_array_equal(res[f"{name}/keys{t}"], np.arange(full.shape[0]))
+            keys = np.arange(full.shape[0]) if universes[t] is None else universes[t]
+            np.testing.assert_array_equal(res[f"{name}/keys{t}"], keys)
             np.testing.assert_allclose(res[f"{name}/table{t}"], full, rtol=1e-5, atol=1e-6, err_msg=f"{name} table {t}")
         np.testing.assert_allclose(res[f"{name}/kernel"], kernel, rtol=1e-5, atol=1e-6)
 
