@@ -126,19 +126,20 @@ def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump
         times.append(time.perf_counter() - t0)
     res = {"workers": n, "global_batch": global_batch, "steps": steps, "losses": losses,
            "step_ms": 1e3 * float(np.median(times[2:] if steps > 4 else times))}
+    from . import gather
+    table0 = gather(tables[0])[1]      # the whole first table after training (collective), for comparisons
+    if dump_dir:   # before profiling, whose update step moves the tables
+        dump(dump_dir, tables[:2], emb_opt)
     if profile:
         res["breakdown_ms"] = _breakdown(tf, ops, lookup_sparse, tables + linear, layers, dense_linear, emb_opt, batch,
                                          global_batch, n, dim)
-    if dump_dir:
-        dump(dump_dir, tables[:2], emb_opt)
     if rank == 0 and out:
         Path(out).write_text(json.dumps(res))
-    from . import gather
-    res["table0"] = gather(tables[0])[1]      # the whole first table (collective), for comparisons
+    res["table0"] = table0
     return res
 
 
-def _breakdown(tf, ops, lookup_sparse, svars, layers, dense_linear, emb_opt, batch, global_batch, n, dim, reps=8):
+def _breakdown(tf, ops, lookup_sparse, svars, layers, dense_linear, emb_opt, batch, global_batch, n, dim, reps=5):
     """Times the parts of a step on their own (ms, medians): the lookup's local kernels (forward
     and backward on this worker's shards, no communication), the exchange (the same with the
     collectives, minus that), the dense part (forward and backward), and the update."""

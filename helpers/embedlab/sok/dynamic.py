@@ -132,6 +132,11 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
         return True
 
     @property
+    def capacity(self) -> int:
+        """Rows allocated now on this worker (eager)."""
+        return int(resource_variable_ops.variable_shape(self.handle)[0])
+
+    @property
     def global_shape(self):
         return [None, self.dim]
 
@@ -202,4 +207,4 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
 
     def __repr__(self):
         return (f"<embedlab.sok.DynamicVariable '{self.table_name}' dim={self.dim} mode={self.mode} "
-                f"rank={self.rank}/{self.num_workers} capacity={self.shape[0]}>")
+                f"rank={self.rank}/{self.num_workers} capacity={self.capacity}>")

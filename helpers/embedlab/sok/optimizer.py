@@ -41,7 +41,7 @@ def _dynamic_slot(var, name, initializer):
     init = keras.initializers.get(initializer)
     dim = var.dim
     rows_fn = lambda rows: tf.cast(init(tf.stack([rows, dim]), dtype="float32"), tf.float32)  # noqa: E731
-    cap = int(var.shape[0])
+    cap = var.capacity
     with tf.init_scope(), tf.device(_context.context().device):
         slot = resource_variable_ops.ResourceVariable(rows_fn(cap), shape=tf.TensorShape([None, dim]), trainable=False,
                                                       name=f"{var.table_name}_{name}")

@@ -112,7 +112,7 @@ def run_case(tf, keras, sok, case, world, rank, seed, use_sparse):
         dense_opt.apply_gradients(zip(grads[len(vars_):], dense.trainable_variables))
         return loss
 
-    @tf.function
+    @tf.function(reduce_retracing=True)
     def step(ids, ws, labels):
         per = strategy.run(replica_step, args=(ids, ws, labels))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
