@@ -109,6 +109,12 @@ bench: setup
 	  $(PY) helpers/benchmarks/lookup_gpu.py; \
 	else echo "lookup_gpu.py skipped: no PyTorch with a CUDA device in $(VENV) (see its docstring)"; fi
 
+# Serve notebook 05's export with tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002)
+# until Ctrl-C; run notebook 05 (the export) first. Options: $(PY) -m embedlab.serving --help
+.PHONY: serve
+serve: setup
+	$(PY) -m embedlab.serving
+
 # Empties data/cache/ (generated data; files committed under data/ stay). Also removes the
 # data/cache/ that versions before the checkout-relative DATA_DIR wrote inside .venv.
 clean:

@@ -31,7 +31,7 @@ Each query figure is the median over `--repeats` passes, the implementations int
 within each pass, so load from other processes on a shared machine hits them alike; the fill
 is timed once. Reported as million keys per second and as the ratio embedlab / other.
 
-Prints a table and writes JSON (default helpers/benchmarks/results/hash_table_<machine>_<date>.json).
+Prints a table and writes JSON (default helpers/benchmarks/results/hash_table_<machine>_<UTC time>.json).
 
 Usage:
     .venv/bin/python helpers/benchmarks/hash_table.py --sizes 1000000 10000000
@@ -52,6 +52,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _results  # noqa: E402
+
 I64_MIN = np.iinfo(np.int64).min
 
 
@@ -68,21 +71,6 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args()
-
-
-def _cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _machine_tag():
-    words = [w for w in _cpu_name().lower().replace("(r)", "").replace("(tm)", "").split() if w.isalnum()][:2]
-    return "_".join(words + [f"{os.cpu_count()}c"]) or "unknown"
 
 
 def batches(a, b):
@@ -321,7 +309,7 @@ def main():
         b = base.get((r["size"], r["dist"], r["op"]))
         r["embedlab_speedup"] = b / r["mkeys_per_s"] if b else None
 
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+    machine = {"name": _results.cpu_machine(), "cpu": _results.cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                "tensorflow": tf.__version__, "numpy": np.__version__}
     print(f"\nM keys/s (median of {a.repeats}; batch {a.batch:,}; {a.queries:,} queries per pass); "
           f"x = embedlab / this; {machine['cpu']}, {machine['cores']} cores, TF {tf.__version__}")
@@ -336,8 +324,7 @@ def main():
                 cells.append(f"{r['mkeys_per_s']:9.2f}" + (f" ({s:5.1f}x)" if name != "embedlab" and s else " " * 8))
             print(f"{n:>11,d} {dist:8s} {op:15s}" + "".join(f"{c:>20s}" for c in cells))
 
-    date = time.strftime("%Y%m%d", time.gmtime())
-    out_path = a.out or HERE / "results" / f"hash_table_{_machine_tag()}_{date}.json"
+    out_path = a.out or _results.default_out("hash_table", _results.cpu_machine())
     out = {"command": " ".join([Path(sys.executable).name] + sys.argv), "machine": machine,
            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "results": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -20,8 +20,9 @@ Each figure is the median of ``--repeats`` passes, in keys per second; the four 
 interleaved within each pass (load from other processes hits them alike). The Redis and RocksDB
 servers share the machine's cores with the client, like a single-host deployment.
 
-Prints a table and writes JSON (default helpers/benchmarks/results/hps_db_<machine>_<date>.json).
-``tier_results(...)`` returns the rows for ``helpers/benchmarks/hps.py`` to include.
+Prints a table and writes JSON (default helpers/benchmarks/results/hps_db_<machine>_<UTC time>.json).
+``tier_results(...)`` returns these rows; ``make_tiers(...)`` gives ``helpers/benchmarks/hps.py`` its
+``redis`` and ``rocks_db`` tiers.
 
 Usage:
     .venv/bin/python helpers/benchmarks/hps_db.py [--dims 16 128] [--rows 262144] [--batch 65536]
@@ -42,21 +43,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-
-
-def _cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _machine_tag():
-    words = [w for w in _cpu_name().lower().replace("(r)", "").replace("(tm)", "").split() if w.isalnum()][:2]
-    return "_".join(words + [f"{os.cpu_count()}c"]) or "unknown"
+sys.path.insert(0, str(HERE))
+from _results import cpu_machine, cpu_name, default_out  # noqa: E402
 
 
 def _query(keys, batch, dist, rng):
@@ -183,6 +171,77 @@ def tier_results(dims=(16, 128), rows=262144, batch=65536, repeats=3, mget_keys=
     return out
 
 
+def make_tiers(time_calls, result, check_rows) -> dict:
+    """The ``redis`` and ``rocks_db`` tiers for ``helpers/benchmarks/hps.py`` (its ``TIERS``), built
+    on its helpers: ``TIERS.update(hps_db.make_tiers(time_calls, result, check_rows))``.
+
+    Each takes ``(w, args)`` (``w.keys``, ``w.values``, ``w.queries``, ``w.positions``, ``w.dim``,
+    ``w.batch``) and returns result rows; the Redis rows include ``redis-benchmark`` pipelined MGET
+    of the same value size and a loop of single GETs, measured on the same server.
+    """
+    from embedlab.hps.config import PersistentDBConfig, VolatileDBConfig
+    from embedlab.hps.redis import start_redis
+    from embedlab.hps.tiers import RedisTier, RocksDBTier
+
+    def tier_redis(w, args):
+        server = start_redis()
+        try:
+            rb = 4 * w.dim
+            tier = RedisTier(VolatileDBConfig(type="redis_cluster", address=server.address,
+                                              password=server.password, num_partitions=8, max_batch_size=65536))
+            tier.add_table("hps_et.bench.t", w.dim)
+            tier.insert("hps_et.bench.t", w.keys, w.values)
+            out = np.empty((w.batch, w.dim), np.float32)
+            if len(tier.find("hps_et.bench.t", w.queries[0], out)):
+                raise SystemExit("hps benchmark: redis lost rows")
+            check_rows("redis", out, w.values[w.positions[0]])
+            reps = max(1, min(3, args.reps))
+            sec = time_calls([lambda q=q: tier.find("hps_et.bench.t", q, out) for q in w.queries[:2]], reps)
+            client = server.client()
+            vb = np.ascontiguousarray(w.values).tobytes()
+            pipe = client.pipeline(transaction=False)
+            for i in range(len(w.keys)):
+                pipe.set(f"key:{i:012d}", vb[rb * i:rb * (i + 1)])
+                if i % 20000 == 19999:
+                    pipe.execute()
+            pipe.execute()
+            mget = _redis_benchmark_mget(server, len(w.keys), rb, 100, 16, seconds=1.0)
+            names = [f"key:{int(i):012d}" for i in w.positions[0][:2000]]
+            t0 = time.perf_counter()
+            for k in names:
+                client.get(k)
+            get_s = (time.perf_counter() - t0) / len(names) * w.batch
+            rows = [result(w, "redis", "redis_cluster tier (pipelined HMGET)", sec, partitions=8),
+                    result(w, "redis", "redis-benchmark MGET x100, -P 16, 1 conn", w.batch / mget),
+                    result(w, "redis", "redis-py GET loop", get_s)]
+            rows[0]["vs_redis_benchmark"] = rows[0]["mkeys_per_s"] / rows[1]["mkeys_per_s"]
+            rows[0]["vs_get_loop"] = rows[0]["mkeys_per_s"] / rows[2]["mkeys_per_s"]
+            tier.close()
+            return rows
+        finally:
+            server.stop()
+
+    def tier_rocks_db(w, args):
+        import shutil
+        work = Path(tempfile.mkdtemp(prefix="embedlab-bench-rocks-"))
+        try:
+            tier = RocksDBTier(PersistentDBConfig(type="rocks_db", path=str(work / "db"), max_batch_size=65536))
+            tier.add_table("hps_et.bench.t", w.dim)
+            tier.insert("hps_et.bench.t", w.keys, w.values)
+            out = np.empty((w.batch, w.dim), np.float32)
+            if len(tier.find("hps_et.bench.t", w.queries[0], out)):
+                raise SystemExit("hps benchmark: rocks_db lost rows")
+            check_rows("rocks_db", out, w.values[w.positions[0]])
+            sec = time_calls([lambda q=q: tier.find("hps_et.bench.t", q, out) for q in w.queries[:2]],
+                             max(1, min(3, args.reps)))
+            tier.close()
+            return [result(w, "rocks_db", "rocks_db tier (rocksdict multi-get)", sec)]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    return {"redis": tier_redis, "rocks_db": tier_rocks_db}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dims", type=int, nargs="+", default=[16, 128])
@@ -192,19 +251,20 @@ def main():
     p.add_argument("--mget-keys", type=int, default=100)
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args()
+    load_start = os.getloadavg()
     rows = tier_results(a.dims, a.rows, a.batch, a.repeats, a.mget_keys)
     import redis as redis_py
     server_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-               "redis_py": redis_py.__version__, "redis_server": server_version}
+    machine = {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+               "redis_py": redis_py.__version__, "redis_server": server_version,
+               "load_average_start": load_start, "load_average_end": os.getloadavg()}
     print(f"\n{'dim':>4} {'keys':8} {'redis tier':>11} {'r-b MGET':>10} {'ratio':>6} {'GET loop':>9} {'ratio':>7} "
           f"{'rocksdb':>9}   (M keys/s; {machine['cpu']}, {machine['cores']} cores)")
     for r in rows:
         print(f"{r['dim']:4d} {r['dist']:8} {r['redis_tier_keys_s'] / 1e6:11.3f} {r['redis_benchmark_mget_keys_s'] / 1e6:10.3f} "
               f"{r['redis_tier_vs_redis_benchmark']:6.2f} {r['redis_get_loop_keys_s'] / 1e6:9.3f} "
               f"{r['redis_tier_vs_get_loop']:7.1f} {r['rocksdb_tier_keys_s'] / 1e6:9.3f}")
-    date = time.strftime("%Y%m%d", time.gmtime())
-    out_path = a.out or HERE / "results" / f"hps_db_{_machine_tag()}_{date}.json"
+    out_path = a.out or default_out("hps_db", cpu_machine())
     out_path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": " ".join([Path(sys.executable).name] + sys.argv), "machine": machine, "results": rows,
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -41,6 +41,9 @@ for _op in _OPS:
     tf.no_gradient("EmbedLabHashTable" + _op)
 
 
+_MAX_KEYS = 1 << 40  # HashTable::kMaxKeys
+
+
 def _lib():
     return _native.tf_ops()
 
@@ -72,8 +75,9 @@ class HashTable(tf.saved_model.experimental.TrackableResource):
     """
 
     def __init__(self, initial_capacity: int = 1024, name: str | None = None, shared_name: str | None = None):
-        if isinstance(initial_capacity, bool) or not isinstance(initial_capacity, int) or initial_capacity < 1:
-            raise ValueError(f"HashTable: initial_capacity must be an int >= 1, got {initial_capacity!r}")
+        if (isinstance(initial_capacity, bool) or not isinstance(initial_capacity, int)
+                or not 1 <= initial_capacity <= _MAX_KEYS):
+            raise ValueError(f"HashTable: initial_capacity must be an int in [1, 2**40], got {initial_capacity!r}")
         self._initial_capacity = int(initial_capacity)
         if shared_name is not None and (not isinstance(shared_name, str) or not shared_name):
             raise ValueError(f"HashTable: shared_name must be a non-empty string or None, got {shared_name!r}")

@@ -224,6 +224,8 @@ def test_bad_arguments_get_clear_errors(core):
         t.insert_or_assign(np.arange(2, dtype=np.int64), np.arange(2, dtype=np.float32))
     with pytest.raises(ValueError, match="initial_capacity must be >= 1"):
         core.HashTable(0)
+    with pytest.raises(ValueError, match="keys exceed the maximum of 1099511627776"):
+        core.HashTable(1 << 41)
     assert t.size() == 3  # nothing changed
     readonly = np.arange(5, dtype=np.int64)
     readonly.flags.writeable = False
@@ -276,6 +278,44 @@ def test_concurrent_finds_and_inserts_from_python_threads(core, rng):
         ok = (v == want) | (v == -1)
         assert ok.all()
 
+
+
+def test_concurrent_erase_insert_and_find_keep_other_keys_intact(core, rng):
+    """Erases and inserts (backward-shift deletion moves slots) while readers look up a set of
+    keys nobody touches: those must always be found with their values."""
+    t = core.HashTable(64)
+    keys = np.unique(rng.integers(-(1 << 40), 1 << 40, size=60000, dtype=np.int64))
+    rng.shuffle(keys)
+    stable, churn = keys[:20000], keys[20000:]
+    stable_values = t.find_or_insert(stable)
+    errors = []
+
+    def churner(part):
+        try:
+            for _ in range(10):
+                t.find_or_insert(part)
+                t.insert_or_assign(part, np.full(len(part), 7, np.int64))
+                assert t.erase(part) == len(part)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def reader():
+        try:
+            for _ in range(20):
+                np.testing.assert_array_equal(t.find(stable), stable_values)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=churner, args=(p,)) for p in np.array_split(churn, 2)]
+    threads += [threading.Thread(target=reader) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert t.size() == len(stable)
+    np.testing.assert_array_equal(t.find(churn), -1)
+    assert_export_matches(t, dict(zip(stable.tolist(), stable_values.tolist())))
 
 # ---- the TensorFlow resource -------------------------------------------------------------------
 
@@ -392,7 +432,7 @@ def test_tf_tables_are_independent_checkpointed_and_cleared(rng, tmp_path):
     np.testing.assert_array_equal(a.find(keys).numpy(), -1)
     with pytest.raises(ValueError, match="keys has shape .* but values has shape"):
         a.insert(tf.constant([1, 2], tf.int64), tf.constant([1], tf.int64))
-    with pytest.raises(ValueError, match="initial_capacity must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"initial_capacity must be an int in \[1, 2\*\*40\]"):
         TfHashTable(initial_capacity=0)
 
 

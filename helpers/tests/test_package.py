@@ -121,3 +121,14 @@ def test_progress_bar_needs_no_ipywidgets(monkeypatch):
         warnings.simplefilter("error")           # tqdm.auto's IProgress warning would raise here
         bar = _progress.tqdm(total=3, disable=True)
     assert type(bar) is tqdm_pkg.std.tqdm
+
+
+def test_interleaved_ms_times_every_case_in_turn():
+    from embedlab import timing
+    calls = []
+    t = timing.interleaved_ms({"slow": lambda: (calls.append("s"), sum(range(200_000)))[1],
+                               "fast": lambda: calls.append("f")}, repeats=4, warmup=1)
+    assert calls == ["s", "f"] * 5                  # one of each per round, warm-up included
+    assert list(t) == ["slow", "fast"] and t["slow"] > t["fast"] >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        timing.interleaved_ms({"a": lambda: None}, repeats=0)

@@ -5,15 +5,19 @@
 //     num_sets * ways (>= the capacity asked for).
 //   * A key lives only in set set_of(key) = (fmix64(key) * num_sets) >> 64, in any of its ways.
 //   * Per set: one 32-bit version word (a seqlock, see below) and a 32-bit occupancy mask;
-//     per slot: the key, a 32-bit access stamp, and the row, stored contiguously
-//     (values[slot * dim .. slot * dim + dim)), slot = set * ways + way.
+//     per slot: the key, an access stamp, and the row, stored contiguously
+//     (values[slot * dim .. slot * dim + dim)), slot = set * ways + way. The CPU keeps a set's
+//     version, mask and 16-bit stamps together in one small header (one cache line to read and,
+//     on a hit, to stamp); the GPU keeps 32-bit stamps in their own array.
 //   * Any int64 key is valid (occupancy is a bit, not a reserved key).
 //
 // Eviction (dynamic caches): each call that may touch stamps takes the next value of a cache-wide
 // epoch counter; a hit in lookup() and every insert()/update() write that epoch into the slot's
 // stamp (only when it differs, so a hot row's line is not dirtied on every hit). insert() of an
 // absent key takes a free way of its set or, when the set is full, evicts the way with the
-// smallest stamp (ties: the lowest way). That is LRU at the granularity of calls.
+// smallest stamp (ties: the lowest way). That is LRU at the granularity of calls. (CPU stamps
+// are the epoch's low 16 bits and ages are taken modulo 2^16: a row untouched for more than
+// 65,535 calls may look younger than it is, an approximation in the spirit of CLOCK.)
 //
 // Static caches (is_static = true) are filled by insert() into free ways only: nothing is ever
 // evicted or overwritten (insert() of a key whose set is full, or that is already present, stores
@@ -110,10 +114,16 @@ class EmbeddingCacheCpu {
   EmbeddingCacheStats stats() const;
 
  private:
-  struct alignas(8) SetHeader {
-    std::atomic<uint32_t> version;
-    std::atomic<uint32_t> occupied;
-  };
+  // Set s's header: version (atomic uint32), occupancy mask (atomic uint32), then one uint16
+  // access stamp per way; hdr_stride_ bytes (a power of two: 32 at 8 ways), so that a lookup's
+  // metadata for one set (occupancy and, on a hit, the stamp it writes) is one cache line.
+  std::atomic<uint32_t>& version(int64_t s) const {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(hdr_ + s * hdr_stride_);
+  }
+  std::atomic<uint32_t>& occupied(int64_t s) const {
+    return *reinterpret_cast<std::atomic<uint32_t>*>(hdr_ + s * hdr_stride_ + 4);
+  }
+  uint16_t* stamps(int64_t s) const { return reinterpret_cast<uint16_t*>(hdr_ + s * hdr_stride_ + 8); }
   uint32_t lock_set(int64_t s);
   void unlock_set(int64_t s, uint32_t v);
   // Runs fn(position, set) for every position, grouped so that each pool thread owns a range
@@ -126,10 +136,10 @@ class EmbeddingCacheCpu {
   const int ways_;
   const bool static_;
   int64_t num_sets_;
-  std::unique_ptr<SetHeader[]> headers_;
-  std::unique_ptr<int64_t[]> keys_;              // [num_sets * ways]
-  std::unique_ptr<std::atomic<uint32_t>[]> stamps_;  // [num_sets * ways]
-  float* values_ = nullptr;                      // [num_sets * ways * dim], 64-byte aligned
+  int64_t hdr_stride_ = 0;
+  char* hdr_ = nullptr;                  // [num_sets * hdr_stride_], 64-byte aligned
+  int64_t* keys_ = nullptr;              // [num_sets * ways]
+  float* values_ = nullptr;              // [num_sets * ways * dim], 64-byte aligned
   std::atomic<uint32_t> epoch_{1};
   std::atomic<int64_t> size_{0};
   std::atomic<int64_t> hits_{0}, misses_{0}, inserts_{0}, evictions_{0}, updates_{0}, erases_{0}, rejected_{0};
@@ -147,8 +157,10 @@ class EmbeddingCacheCpu {
 
 namespace embedlab {
 
-// The same cache in device memory. Every method enqueues its work on `stream` and returns
-// without synchronizing, except where noted. All pointers are device pointers.
+// The same cache in device memory. Every method enqueues its work on `stream`; the ones that
+// return a count to the host (a non-null *_host pointer) synchronize the stream once to read it.
+// Keys, rows and outputs are device pointers. One host thread at a time per object (the
+// per-call counters live in the object); callers serialize (the Python binding holds a lock).
 class EmbeddingCacheCuda {
  public:
   // Allocates and zeroes the cache on the current device (synchronous). *err receives the
@@ -165,36 +177,42 @@ class EmbeddingCacheCuda {
   bool is_static() const { return static_; }
   int device() const { return device_; }
 
-  // Hits are copied to out[i * dim ..]; miss positions i are written, ascending, to
-  // missing[0 .. *num_missing) (num_missing: one device int64). `hit_mask`, when not null,
-  // receives 1 / 0 per position (uint8[n]). Needs lookup_workspace_bytes(n) of workspace.
-  static size_t lookup_workspace_bytes(int64_t n);
-  cudaError_t lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, int64_t* num_missing,
-                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
-  // The hit path alone: hits copied, misses flagged in hit_mask (uint8[n], may be null); no
-  // compaction of the miss list (for callers that handle misses by mask).
+  // The hit path alone, no host synchronization: rows of hits copied to out[i * dim ..];
+  // hit_mask[i] (uint8[n], may be null) set to 1 for a hit, 0 for a miss; miss rows untouched.
   cudaError_t lookup_mask(const int64_t* keys, int64_t n, float* out, uint8_t* hit_mask, cudaStream_t stream);
 
-  // Device counters (one int64 each) of the positions stored / evicted / present, added to
-  // *counts[0..2] = {stored, evicted, present_or_removed} (device int64[3], caller zeroes).
-  cudaError_t insert(const int64_t* keys, const float* values, int64_t n, int64_t* counts, cudaStream_t stream);
-  cudaError_t update(const int64_t* keys, const float* values, int64_t n, int64_t* counts, cudaStream_t stream);
-  cudaError_t erase(const int64_t* keys, int64_t n, int64_t* counts, cudaStream_t stream);
+  // lookup_mask, then the miss positions, ascending, compacted into missing[0 .. *m_host)
+  // (missing: int64[n]). Needs lookup_workspace_bytes(n) of device workspace; synchronizes.
+  static size_t lookup_workspace_bytes(int64_t n);
+  cudaError_t lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, int64_t* m_host, void* workspace,
+                     size_t workspace_bytes, cudaStream_t stream);
+
+  // Same meaning and counts as the CPU methods (count_host: may be null = no synchronization).
+  cudaError_t insert(const int64_t* keys, const float* values, int64_t n, int64_t* stored_host, cudaStream_t stream);
+  cudaError_t update(const int64_t* keys, const float* values, int64_t n, int64_t* present_host, cudaStream_t stream);
+  cudaError_t erase(const int64_t* keys, int64_t n, int64_t* removed_host, cudaStream_t stream);
   cudaError_t clear(cudaStream_t stream);
-  // Number of occupied slots (synchronizes the stream).
-  cudaError_t size(cudaStream_t stream, int64_t* out);
+  cudaError_t size(int64_t* size_host, cudaStream_t stream);     // synchronizes
+  cudaError_t stats(EmbeddingCacheStats* out, cudaStream_t stream);  // synchronizes
 
  private:
+  cudaError_t write(int mode, const int64_t* keys, const float* values, int64_t n, int64_t* count_host,
+                    cudaStream_t stream);
+
   int64_t dim_;
   int ways_;
   bool static_;
   int64_t num_sets_;
   int device_ = 0;
-  uint32_t epoch_ = 1;
+  // The epoch counter lives in device memory and each kernel advances it, so that calls
+  // replayed from a CUDA graph still age the rows (a host counter would be frozen into the graph).
+  uint32_t* epoch_ = nullptr;
   uint32_t* headers_ = nullptr;  // [num_sets * 2]: version, occupied
   int64_t* keys_ = nullptr;      // [num_sets * ways]
   uint32_t* stamps_ = nullptr;   // [num_sets * ways]
   float* values_ = nullptr;      // [num_sets * ways * dim]
+  // [0..7) running totals in EmbeddingCacheStats order; [8..16) this call's counts
+  unsigned long long* counters_ = nullptr;
 };
 
 }  // namespace embedlab

@@ -9,6 +9,10 @@
 
 #include "embedding_cache.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define EL_CPU_RELAX() _mm_pause()
@@ -24,8 +28,13 @@ inline void store_key(int64_t* p, int64_t k) { __atomic_store_n(p, k, __ATOMIC_R
 
 // Rows are copied with plain loads and stores: a reader's copy that raced with a writer is
 // detected by the seqlock and redone, never returned.
-inline void copy_row(float* dst, const float* src, int64_t dim) {
-  std::memcpy(dst, src, static_cast<size_t>(dim) * sizeof(float));
+// Fixed-size 64-byte chunks compile to inline vector moves (a variable-size memcpy is a libc
+// call, which cost more than the copy itself at dim 16).
+inline void copy_row(float* __restrict dst, const float* __restrict src, int64_t dim) {
+  int64_t j = 0;
+  for (; j + 16 <= dim; j += 16) std::memcpy(dst + j, src + j, 64);
+  for (; j + 4 <= dim; j += 4) std::memcpy(dst + j, src + j, 16);
+  for (; j < dim; ++j) dst[j] = src[j];
 }
 
 // Way holding `key` among the occupied ways of a set, or -1.
@@ -41,30 +50,47 @@ constexpr int kFar = 16;
 constexpr int kNear = 8;
 constexpr int kRing = 32;  // power of two > kFar
 
+// Large arrays are 2 MiB aligned and marked for transparent huge pages: a lookup touches three
+// random places (header, keys, row), and with 4 KiB pages each is also a TLB miss.
+void* alloc_table(size_t bytes) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t align = bytes >= kHuge ? kHuge : 64;
+  bytes = std::max<size_t>(64, (bytes + align - 1) / align * align);
+  void* p = std::aligned_alloc(align, bytes);
+  if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (align == kHuge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure changes nothing
+#endif
+  return p;
+}
+
 }  // namespace
 
 EmbeddingCacheCpu::EmbeddingCacheCpu(int64_t capacity, int64_t dim, int ways, bool is_static)
     : dim_(dim), ways_(ways), static_(is_static) {
   num_sets_ = std::max<int64_t>(1, (capacity + ways - 1) / ways);
   const int64_t slots = num_sets_ * ways_;
-  headers_.reset(new SetHeader[num_sets_]);
+  hdr_stride_ = 16;
+  while (hdr_stride_ < 8 + 2 * ways_) hdr_stride_ *= 2;
+  hdr_ = static_cast<char*>(alloc_table(static_cast<size_t>(num_sets_ * hdr_stride_)));
+  std::memset(hdr_, 0, static_cast<size_t>(num_sets_ * hdr_stride_));
   for (int64_t s = 0; s < num_sets_; ++s) {
-    headers_[s].version.store(0, std::memory_order_relaxed);
-    headers_[s].occupied.store(0, std::memory_order_relaxed);
+    new (&version(s)) std::atomic<uint32_t>(0);
+    new (&occupied(s)) std::atomic<uint32_t>(0);
   }
-  keys_.reset(new int64_t[slots]());
-  stamps_.reset(new std::atomic<uint32_t>[slots]);
-  for (int64_t i = 0; i < slots; ++i) stamps_[i].store(0, std::memory_order_relaxed);
-  size_t bytes = static_cast<size_t>(slots) * static_cast<size_t>(dim_) * sizeof(float);
-  bytes = (bytes + 63) / 64 * 64;
-  values_ = static_cast<float*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64)));
-  if (!values_) throw std::bad_alloc();
+  keys_ = static_cast<int64_t*>(alloc_table(sizeof(int64_t) * static_cast<size_t>(slots)));
+  std::memset(keys_, 0, sizeof(int64_t) * static_cast<size_t>(slots));
+  values_ = static_cast<float*>(alloc_table(static_cast<size_t>(slots) * static_cast<size_t>(dim_) * sizeof(float)));
 }
 
-EmbeddingCacheCpu::~EmbeddingCacheCpu() { std::free(values_); }
+EmbeddingCacheCpu::~EmbeddingCacheCpu() {
+  std::free(values_);
+  std::free(hdr_);
+  std::free(keys_);
+}
 
 uint32_t EmbeddingCacheCpu::lock_set(int64_t s) {
-  std::atomic<uint32_t>& ver = headers_[s].version;
+  std::atomic<uint32_t>& ver = version(s);
   for (;;) {
     uint32_t v = ver.load(std::memory_order_relaxed);
     if (!(v & 1u) && ver.compare_exchange_weak(v, v + 1, std::memory_order_acquire, std::memory_order_relaxed)) {
@@ -77,13 +103,14 @@ uint32_t EmbeddingCacheCpu::lock_set(int64_t s) {
 }
 
 void EmbeddingCacheCpu::unlock_set(int64_t s, uint32_t odd) {
-  headers_[s].version.store(odd + 1, std::memory_order_release);
+  version(s).store(odd + 1, std::memory_order_release);
 }
 
 int64_t EmbeddingCacheCpu::lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, ThreadPool& pool) {
   if (n <= 0) return 0;
   const bool touch = !static_;
   const uint32_t epoch = touch ? epoch_.fetch_add(1, std::memory_order_relaxed) : 0;
+  const uint16_t epoch16 = static_cast<uint16_t>(epoch);
   std::mutex mu;
   std::vector<std::pair<int64_t, int64_t>> blocks;  // (begin, number of misses written at missing[begin..])
   int64_t total_hits = 0;
@@ -95,8 +122,9 @@ int64_t EmbeddingCacheCpu::lookup(const int64_t* keys, int64_t n, float* out, in
     auto prefetch_set = [&](int64_t i) {
       const int64_t s = cache_set_of(keys[i], num_sets_);
       ring[i & (kRing - 1)] = s;
-      __builtin_prefetch(&headers_[s], 0, 1);
-      __builtin_prefetch(keys_.get() + s * ways, 0, 1);
+      if (touch) __builtin_prefetch(hdr_ + s * hdr_stride_, 1, 1);  // a hit writes its stamp there
+      else __builtin_prefetch(hdr_ + s * hdr_stride_, 0, 1);
+      __builtin_prefetch(keys_ + s * ways, 0, 1);
     };
     for (int64_t i = b; i < std::min(e, b + kFar); ++i) prefetch_set(i);
     for (int64_t i = b; i < e; ++i) {
@@ -104,7 +132,7 @@ int64_t EmbeddingCacheCpu::lookup(const int64_t* keys, int64_t n, float* out, in
       if (i + kNear < e) {  // the set's keys should be in cache by now: prefetch the row it holds
         const int64_t j = i + kNear;
         const int64_t s = ring[j & (kRing - 1)];
-        const int64_t* sk = keys_.get() + s * ways;
+        const int64_t* sk = keys_ + s * ways;
         for (int w = 0; w < ways; ++w)
           if (load_key(sk + w) == keys[j]) {
             const char* row = reinterpret_cast<const char*>(values_ + (s * ways + w) * dim_);
@@ -114,28 +142,29 @@ int64_t EmbeddingCacheCpu::lookup(const int64_t* keys, int64_t n, float* out, in
       }
       const int64_t key = keys[i];
       const int64_t s = ring[i & (kRing - 1)];
-      const SetHeader& h = headers_[s];
-      const int64_t* sk = keys_.get() + s * ways;
+      const std::atomic<uint32_t>& ver = version(s);
+      const std::atomic<uint32_t>& occ = occupied(s);
+      const int64_t* sk = keys_ + s * ways;
       int way;
       for (;;) {
-        const uint32_t v1 = h.version.load(std::memory_order_acquire);
+        const uint32_t v1 = ver.load(std::memory_order_acquire);
         if (v1 & 1u) {
           EL_CPU_RELAX();
           continue;
         }
-        way = find_way(sk, h.occupied.load(std::memory_order_relaxed), ways, key);
+        way = find_way(sk, occ.load(std::memory_order_relaxed), ways, key);
         // Copied to a scratch row first: a copy that the version check rejects must not reach
         // `out`, whose rows stay untouched for keys that end up missing.
         if (way >= 0) copy_row(scratch.data(), values_ + (s * ways + way) * dim_, dim_);
         std::atomic_thread_fence(std::memory_order_acquire);
-        if (h.version.load(std::memory_order_relaxed) == v1) break;
+        if (ver.load(std::memory_order_relaxed) == v1) break;
       }
       if (way >= 0) copy_row(out + i * dim_, scratch.data(), dim_);
       if (way < 0) {
         missing[b + nmiss++] = i;
       } else if (touch) {
-        std::atomic<uint32_t>& st = stamps_[s * ways + way];
-        if (st.load(std::memory_order_relaxed) != epoch) st.store(epoch, std::memory_order_relaxed);
+        uint16_t* st = stamps(s) + way;
+        if (__atomic_load_n(st, __ATOMIC_RELAXED) != epoch16) __atomic_store_n(st, epoch16, __ATOMIC_RELAXED);
       }
     }
     std::lock_guard<std::mutex> l(mu);
@@ -183,20 +212,21 @@ void EmbeddingCacheCpu::for_each_by_set(const int64_t* keys, int64_t n, ThreadPo
 }
 
 int64_t EmbeddingCacheCpu::insert(const int64_t* keys, const float* values, int64_t n, ThreadPool& pool) {
-  const uint32_t epoch = epoch_.fetch_add(1, std::memory_order_relaxed);
+  const uint16_t epoch16 = static_cast<uint16_t>(epoch_.fetch_add(1, std::memory_order_relaxed));
   const uint32_t full = ways_ == 32 ? 0xffffffffu : ((1u << ways_) - 1u);
   int64_t t[kCounters] = {};  // stored, evicted, added, rejected
   auto body = [&](int64_t i, int64_t s, int64_t* c) {
     const int64_t key = keys[i];
-    int64_t* sk = keys_.get() + s * ways_;
+    int64_t* sk = keys_ + s * ways_;
     const uint32_t v = lock_set(s);
-    uint32_t occ = headers_[s].occupied.load(std::memory_order_relaxed);
+    uint32_t occ = occupied(s).load(std::memory_order_relaxed);
+    uint16_t* st16 = stamps(s);
     int way = find_way(sk, occ, ways_, key);
     int64_t st = 0, ev = 0, ad = 0, rj = 0;
     if (way >= 0) {
       if (!static_) {
         copy_row(values_ + (s * ways_ + way) * dim_, values + i * dim_, dim_);
-        stamps_[s * ways_ + way].store(epoch, std::memory_order_relaxed);
+        __atomic_store_n(st16 + way, epoch16, __ATOMIC_RELAXED);
         st = 1;
       }
     } else {
@@ -206,12 +236,12 @@ int64_t EmbeddingCacheCpu::insert(const int64_t* keys, const float* values, int6
         ad = 1;
       } else if (!static_) {
         way = 0;
-        uint32_t best = stamps_[s * ways_].load(std::memory_order_relaxed);
+        // Ages modulo 2^16 (unsigned distance from the current epoch: correct across the wrap).
+        uint16_t oldest = static_cast<uint16_t>(epoch16 - __atomic_load_n(st16, __ATOMIC_RELAXED));
         for (int w = 1; w < ways_; ++w) {
-          // Unsigned distance from the current epoch: correct across the counter's wrap.
-          const uint32_t sw = stamps_[s * ways_ + w].load(std::memory_order_relaxed);
-          if (epoch - sw > epoch - best) {
-            best = sw;
+          const uint16_t a = static_cast<uint16_t>(epoch16 - __atomic_load_n(st16 + w, __ATOMIC_RELAXED));
+          if (a > oldest) {
+            oldest = a;
             way = w;
           }
         }
@@ -222,8 +252,8 @@ int64_t EmbeddingCacheCpu::insert(const int64_t* keys, const float* values, int6
       if (way >= 0) {
         store_key(sk + way, key);
         copy_row(values_ + (s * ways_ + way) * dim_, values + i * dim_, dim_);
-        stamps_[s * ways_ + way].store(epoch, std::memory_order_relaxed);
-        headers_[s].occupied.store(occ | (1u << way), std::memory_order_relaxed);
+        __atomic_store_n(st16 + way, epoch16, __ATOMIC_RELAXED);
+        occupied(s).store(occ | (1u << way), std::memory_order_relaxed);
         st = 1;
       }
     }
@@ -242,21 +272,21 @@ int64_t EmbeddingCacheCpu::insert(const int64_t* keys, const float* values, int6
 }
 
 int64_t EmbeddingCacheCpu::update(const int64_t* keys, const float* values, int64_t n, ThreadPool& pool) {
-  const uint32_t epoch = epoch_.fetch_add(1, std::memory_order_relaxed);
+  const uint16_t epoch16 = static_cast<uint16_t>(epoch_.fetch_add(1, std::memory_order_relaxed));
   int64_t t[kCounters] = {};
   for_each_by_set(keys, n, pool, 4 + dim_ / 8, [&](int64_t i, int64_t s, int64_t* c) {
-    const int64_t* sk = keys_.get() + s * ways_;
+    const int64_t* sk = keys_ + s * ways_;
     // Unlocked probe first: an absent key (the common case for most callers) costs no lock.
-    if (find_way(sk, headers_[s].occupied.load(std::memory_order_relaxed), ways_, keys[i]) < 0) {
+    if (find_way(sk, occupied(s).load(std::memory_order_relaxed), ways_, keys[i]) < 0) {
       // A key inserted concurrently by another thread may be missed: the calls are not
       // ordered, so either outcome is one the caller could have seen.
       return;
     }
     const uint32_t v = lock_set(s);
-    const int way = find_way(sk, headers_[s].occupied.load(std::memory_order_relaxed), ways_, keys[i]);
+    const int way = find_way(sk, occupied(s).load(std::memory_order_relaxed), ways_, keys[i]);
     if (way >= 0) {
       copy_row(values_ + (s * ways_ + way) * dim_, values + i * dim_, dim_);
-      stamps_[s * ways_ + way].store(epoch, std::memory_order_relaxed);
+      __atomic_store_n(stamps(s) + way, epoch16, __ATOMIC_RELAXED);
     }
     unlock_set(s, v);
     if (way >= 0) ++c[0];
@@ -268,11 +298,11 @@ int64_t EmbeddingCacheCpu::update(const int64_t* keys, const float* values, int6
 int64_t EmbeddingCacheCpu::erase(const int64_t* keys, int64_t n, ThreadPool& pool) {
   int64_t t[kCounters] = {};
   for_each_by_set(keys, n, pool, 4, [&](int64_t i, int64_t s, int64_t* c) {
-    const int64_t* sk = keys_.get() + s * ways_;
+    const int64_t* sk = keys_ + s * ways_;
     const uint32_t v = lock_set(s);
-    const uint32_t occ = headers_[s].occupied.load(std::memory_order_relaxed);
+    const uint32_t occ = occupied(s).load(std::memory_order_relaxed);
     const int way = find_way(sk, occ, ways_, keys[i]);
-    if (way >= 0) headers_[s].occupied.store(occ & ~(1u << way), std::memory_order_relaxed);
+    if (way >= 0) occupied(s).store(occ & ~(1u << way), std::memory_order_relaxed);
     unlock_set(s, v);
     if (way >= 0) ++c[0];
   }, t);
@@ -284,8 +314,8 @@ int64_t EmbeddingCacheCpu::erase(const int64_t* keys, int64_t n, ThreadPool& poo
 void EmbeddingCacheCpu::clear() {
   for (int64_t s = 0; s < num_sets_; ++s) {
     const uint32_t v = lock_set(s);
-    const uint32_t occ = headers_[s].occupied.load(std::memory_order_relaxed);
-    headers_[s].occupied.store(0, std::memory_order_relaxed);
+    const uint32_t occ = occupied(s).load(std::memory_order_relaxed);
+    occupied(s).store(0, std::memory_order_relaxed);
     unlock_set(s, v);
     size_.fetch_sub(__builtin_popcount(occ), std::memory_order_relaxed);
   }

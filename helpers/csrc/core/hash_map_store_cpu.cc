@@ -2,7 +2,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <mutex>
 #include <numeric>
 #include <shared_mutex>
@@ -10,6 +12,10 @@
 
 #include "embedding_cache.h"  // cache_mix64
 #include "hash_map_store.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace embedlab {
 
@@ -31,6 +37,38 @@ const char* overflow_policy_name(OverflowPolicy p) {
 }
 
 namespace {
+
+// Vectors of 2 MiB and more are 2 MiB aligned and marked for transparent huge pages: a find
+// touches the map's slot, its key and the row, in three random places; with 4 KiB pages each is
+// also a TLB miss.
+template <typename T>
+struct TableAlloc {
+  using value_type = T;
+  TableAlloc() = default;
+  template <typename U>
+  TableAlloc(const TableAlloc<U>&) {}
+  T* allocate(size_t n) {
+    if (n > (size_t{1} << 56) / sizeof(T)) throw std::bad_alloc();
+    constexpr size_t kHuge = size_t{2} << 20;
+    size_t bytes = std::max<size_t>(n * sizeof(T), 64);
+    const size_t align = bytes >= kHuge ? kHuge : 64;
+    bytes = (bytes + align - 1) / align * align;
+    void* p = std::aligned_alloc(align, bytes);
+    if (!p) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (align == kHuge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: failure changes nothing
+#endif
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const TableAlloc<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const TableAlloc<U>&) const { return false; }
+};
+template <typename T>
+using TableVec = std::vector<T, TableAlloc<T>>;
+
 // Second mixing step for the in-partition index, so that it does not reuse the bits that chose
 // the partition (multiply-high of the first mix).
 inline uint64_t index_hash(int64_t key) { return cache_mix64(static_cast<uint64_t>(key) ^ 0x9e3779b97f4a7c15ULL); }
@@ -41,15 +79,18 @@ inline uint64_t index_hash(int64_t key) { return cache_mix64(static_cast<uint64_
 struct HashMapStore::Partition {
   mutable std::shared_mutex mu;
   int64_t dim = 0;
-  // map
-  std::vector<int64_t> tkeys;
-  std::vector<int64_t> tslots;  // -1 = empty
+  // map: key and slot side by side (one cache line per probe)
+  struct Entry {
+    int64_t key;
+    int64_t slot;  // -1 = empty
+  };
+  TableVec<Entry> table;
   uint64_t mask = 0;
   // rows by slot
-  std::vector<int64_t> keys;
-  std::vector<float> values;
-  std::vector<uint64_t> used;  // access counts (evict_least_used); read/bumped with relaxed atomics
-  std::vector<uint64_t> last;  // last access epoch (evict_oldest)
+  TableVec<int64_t> keys;
+  TableVec<float> values;
+  TableVec<uint64_t> used;  // access counts (evict_least_used); read/bumped with relaxed atomics
+  TableVec<uint64_t> last;  // last access epoch (evict_oldest)
   uint64_t rng = 0;
   std::atomic<int64_t> hits{0}, misses{0}, inserts{0}, overwrites{0}, evictions{0}, erases{0};
 
@@ -58,61 +99,59 @@ struct HashMapStore::Partition {
   int64_t size() const { return static_cast<int64_t>(keys.size()); }
 
   void reset_map(uint64_t cap) {
-    tkeys.assign(cap, 0);
-    tslots.assign(cap, -1);
+    table.assign(cap, Entry{0, -1});
     mask = cap - 1;
   }
 
+  const Entry* probe_start(int64_t key) const { return &table[index_hash(key) & mask]; }
+
   int64_t map_find(int64_t key) const {
     for (uint64_t i = index_hash(key) & mask;; i = (i + 1) & mask) {
-      const int64_t s = tslots[i];
-      if (s < 0) return -1;
-      if (tkeys[i] == key) return s;
+      const Entry& e = table[i];
+      if (e.slot < 0) return -1;
+      if (e.key == key) return e.slot;
     }
   }
   // key must be absent
   void map_insert(int64_t key, int64_t slot) {
     if ((static_cast<uint64_t>(keys.size()) + 1) * 10 > (mask + 1) * 7) grow();
     uint64_t i = index_hash(key) & mask;
-    while (tslots[i] >= 0) i = (i + 1) & mask;
-    tkeys[i] = key;
-    tslots[i] = slot;
+    while (table[i].slot >= 0) i = (i + 1) & mask;
+    table[i] = Entry{key, slot};
   }
   void map_assign(int64_t key, int64_t slot) {
     for (uint64_t i = index_hash(key) & mask;; i = (i + 1) & mask)
-      if (tkeys[i] == key && tslots[i] >= 0) {
-        tslots[i] = slot;
+      if (table[i].slot >= 0 && table[i].key == key) {
+        table[i].slot = slot;
         return;
       }
   }
   // Removes key (must be present), shifting later members of its probe run back.
   void map_erase(int64_t key) {
     uint64_t i = index_hash(key) & mask;
-    while (!(tslots[i] >= 0 && tkeys[i] == key)) i = (i + 1) & mask;
+    while (!(table[i].slot >= 0 && table[i].key == key)) i = (i + 1) & mask;
     uint64_t j = i;
     for (;;) {
       j = (j + 1) & mask;
-      if (tslots[j] < 0) break;
-      const uint64_t home = index_hash(tkeys[j]) & mask;
+      if (table[j].slot < 0) break;
+      const uint64_t home = index_hash(table[j].key) & mask;
       // Move j back to i unless its home lies cyclically in (i, j].
       const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
       if (!stays) {
-        tkeys[i] = tkeys[j];
-        tslots[i] = tslots[j];
+        table[i] = table[j];
         i = j;
       }
     }
-    tslots[i] = -1;
+    table[i].slot = -1;
   }
   void grow() {
-    std::vector<int64_t> ok = std::move(tkeys), os = std::move(tslots);
+    TableVec<Entry> old = std::move(table);
     reset_map((mask + 1) * 2);
-    for (size_t i = 0; i < ok.size(); ++i)
-      if (os[i] >= 0) {
-        uint64_t h = index_hash(ok[i]) & mask;
-        while (tslots[h] >= 0) h = (h + 1) & mask;
-        tkeys[h] = ok[i];
-        tslots[h] = os[i];
+    for (const Entry& e : old)
+      if (e.slot >= 0) {
+        uint64_t h = index_hash(e.key) & mask;
+        while (table[h].slot >= 0) h = (h + 1) & mask;
+        table[h] = e;
       }
   }
 
@@ -171,7 +210,7 @@ struct HashMapStore::Partition {
         victims.push_back(idx[i]);
       }
     } else {
-      const std::vector<uint64_t>& score = policy == OverflowPolicy::kEvictLeastUsed ? used : last;
+      const TableVec<uint64_t>& score = policy == OverflowPolicy::kEvictLeastUsed ? used : last;
       std::vector<std::pair<uint64_t, int64_t>> order(size());
       for (int64_t s = 0; s < size(); ++s) order[s] = {score[s], s};
       std::nth_element(order.begin(), order.begin() + (k - 1), order.end());
@@ -245,10 +284,19 @@ int64_t HashMapStore::find(const int64_t* keys, int64_t n, float* out, int64_t* 
     std::shared_lock<std::shared_mutex> l(part.mu);
     int64_t hits = 0;
     const int64_t b = offsets[p], e = offsets[p + 1];
-    constexpr int64_t kAhead = 8;
+    // Two-stage prefetch: the probe's line kFar keys ahead, then (that line now cached) the
+    // row it points to kNear keys ahead.
+    constexpr int64_t kFar = 16, kNear = 8;
+    for (int64_t j = b; j < std::min(e, b + kFar); ++j) __builtin_prefetch(part.probe_start(keys[order[j]]), 0, 1);
     for (int64_t j = b; j < e; ++j) {
-      if (j + kAhead < e)
-        __builtin_prefetch(&part.tslots[index_hash(keys[order[j + kAhead]]) & part.mask], 0, 1);
+      if (j + kFar < e) __builtin_prefetch(part.probe_start(keys[order[j + kFar]]), 0, 1);
+      if (j + kNear < e) {
+        const int64_t s2 = part.map_find(keys[order[j + kNear]]);
+        if (s2 >= 0) {
+          const char* row = reinterpret_cast<const char*>(&part.values[s2 * dim_]);
+          for (int64_t off = 0; off < dim_ * 4; off += 64) __builtin_prefetch(row + off, 0, 1);
+        }
+      }
       const int64_t i = order[j];
       const int64_t s = part.map_find(keys[i]);
       if (s < 0) {

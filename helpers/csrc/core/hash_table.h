@@ -18,6 +18,10 @@
 //     one serial pass in input order. A batch of known keys therefore never blocks readers.
 //   Each call is atomic with respect to every other call on the same table.
 //
+// Errors: running out of memory while growing throws std::bad_alloc (a std::length_error past
+// kMaxKeys); the table is then unchanged by find_or_insert and keeps what insert_or_assign had
+// assigned before the failure. Adapters turn these into their own errors.
+//
 // Values given by find_or_insert: an absent key gets value = size() at its insertion, keys
 // taken in order of their first occurrence in the input, so the same sequence of calls gives
 // the same values whatever the thread count. Without erase (or insert_or_assign of arbitrary
@@ -81,6 +85,8 @@ class HashTable {
 
   static constexpr int64_t kEmptyKey = std::numeric_limits<int64_t>::min();
   static constexpr int64_t kParallelThreshold = 16384;
+  // Most keys a table may hold (its slot array would be 32 TiB); more throws std::length_error.
+  static constexpr int64_t kMaxKeys = int64_t{1} << 40;
 
  private:
   struct Slot {

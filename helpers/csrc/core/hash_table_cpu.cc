@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace embedlab {
@@ -16,6 +18,9 @@ constexpr int kPrefetchGroup = 16;
 }  // namespace
 
 int64_t HashTable::capacity_for(int64_t n_keys) {
+  if (n_keys > kMaxKeys)
+    throw std::length_error("HashTable: " + std::to_string(n_keys) + " keys exceed the maximum of " +
+                            std::to_string(kMaxKeys));
   int64_t cap = 16;
   while (cap / 2 < n_keys) cap *= 2;
   return cap;
@@ -128,7 +133,7 @@ bool HashTable::insert_locked(int64_t key, int64_t value, int64_t** value_slot) 
     return true;
   }
   // Grow before probing so that the slot found stays valid.
-  if ((size_in_slots_ + 1) * 2 > static_cast<int64_t>(slots_.size())) rehash_locked(2 * static_cast<int64_t>(slots_.size()));
+  if ((size_in_slots_ + 1) * 2 > static_cast<int64_t>(slots_.size())) grow_for_locked(size_in_slots_ + 1);
   uint64_t i = hash(key) & mask_;
   Slot* slots = slots_.data();
   for (;;) {
@@ -208,22 +213,28 @@ int64_t HashTable::find_or_insert(const int64_t* keys, int64_t n, int64_t* value
   // stored with value -1 (insert_or_assign) reads as absent in pass 1.
   std::unique_lock<std::shared_mutex> l(mu_);
   std::vector<int64_t> inserted_keys;
+  inserted_keys.reserve(missing.size());  // push_back below never allocates
   constexpr size_t kAhead = 8;  // prefetch the home slot of the key kAhead misses ahead
-  for (size_t m = 0; m < missing.size(); ++m) {
-    if (m + kAhead < missing.size())
-      __builtin_prefetch(&slots_[hash(keys[missing[m + kAhead]]) & mask_], 1, 1);
-    const int64_t i = missing[m];
-    const int64_t key = keys[i];
-    const int64_t cur_size = size_in_slots_ + (has_empty_key_ ? 1 : 0);
-    if (max_size > 0 && cur_size + 1 > max_size && value_ptr_locked(key) == nullptr) {
-      if (first_overflow_key != nullptr) *first_overflow_key = key;
-      for (int64_t k : inserted_keys) erase_locked(k);  // nothing of this call stays
-      for (int64_t p : missing) values_out[p] = lookup_locked(keys[p]);
-      return -1;
+  try {
+    for (size_t m = 0; m < missing.size(); ++m) {
+      if (m + kAhead < missing.size())
+        __builtin_prefetch(&slots_[hash(keys[missing[m + kAhead]]) & mask_], 1, 1);
+      const int64_t i = missing[m];
+      const int64_t key = keys[i];
+      const int64_t cur_size = size_in_slots_ + (has_empty_key_ ? 1 : 0);
+      if (max_size > 0 && cur_size + 1 > max_size && value_ptr_locked(key) == nullptr) {
+        if (first_overflow_key != nullptr) *first_overflow_key = key;
+        for (int64_t k : inserted_keys) erase_locked(k);  // nothing of this call stays
+        for (int64_t p : missing) values_out[p] = lookup_locked(keys[p]);
+        return -1;
+      }
+      int64_t* slot = nullptr;
+      if (insert_locked(key, cur_size, &slot)) inserted_keys.push_back(key);
+      values_out[i] = *slot;
     }
-    int64_t* slot = nullptr;
-    if (insert_locked(key, cur_size, &slot)) inserted_keys.push_back(key);
-    values_out[i] = *slot;
+  } catch (...) {  // out of memory in a rehash: the call inserts nothing (erase never allocates)
+    for (int64_t k : inserted_keys) erase_locked(k);
+    throw;
   }
   return static_cast<int64_t>(inserted_keys.size());
 }

@@ -40,7 +40,7 @@ struct KeyView {
 };
 
 std::string dtype_name(nb::dlpack::dtype t) {
-  const char* kind = "?";
+  std::string kind = "?";
   switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
     case nb::dlpack::dtype_code::Int: kind = "int"; break;
     case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
@@ -48,8 +48,9 @@ std::string dtype_name(nb::dlpack::dtype t) {
     case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
     case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
     case nb::dlpack::dtype_code::Bool: return "bool";
+    default: kind = "dtype code " + std::to_string(t.code) + " of bits "; break;
   }
-  return std::string(kind) + std::to_string(t.bits);
+  return kind + std::to_string(t.bits);
 }
 
 KeyView int64_vector(const char* fn, const char* arg, nb::handle obj) {

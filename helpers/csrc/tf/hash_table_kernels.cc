@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,20 @@ class TfHashPool final : public embedlab::ThreadPool {
   thread::ThreadPool* pool_;
 };
 
+// Runs a core call; the core throws only when memory runs out (std::bad_alloc) or a table would
+// pass HashTable::kMaxKeys (std::length_error): reported as op errors, never as a crash.
+template <typename F>
+void CoreCall(OpKernelContext* ctx, const std::string& table, F&& f) {
+  try {
+    f();
+  } catch (const std::bad_alloc&) {
+    ctx->CtxFailure(errors::ResourceExhausted(ctx->op_kernel().type_string(), ": out of memory growing hash table '",
+                                              table, "'"));
+  } catch (const std::exception& e) {
+    ctx->CtxFailure(errors::InvalidArgument(ctx->op_kernel().type_string(), ": hash table '", table, "': ", e.what()));
+  }
+}
+
 class HashTableHandleOp : public OpKernel {
  public:
   explicit HashTableHandleOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -96,7 +112,13 @@ class HashTableHandleOp : public OpKernel {
     HashTableResource* res = nullptr;
     OP_REQUIRES_OK(ctx, cinfo.resource_manager()->LookupOrCreate<HashTableResource>(
                             cinfo.container(), cinfo.name(), &res, [&](HashTableResource** out) {
-                              *out = new HashTableResource(initial_capacity_, cinfo.name());
+                              try {
+                                *out = new HashTableResource(initial_capacity_, cinfo.name());
+                              } catch (const std::exception& e) {
+                                return errors::ResourceExhausted(type_string(), ": cannot allocate hash table '",
+                                                                 cinfo.name(), "' of initial_capacity ",
+                                                                 initial_capacity_, ": ", e.what());
+                              }
                               return absl::OkStatus();
                             }));
     res->Unref();
@@ -122,7 +144,15 @@ class HashTableAnonymousHandleOp : public OpKernel {
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     // The handle takes over the creation reference: the table lives as long as a copy of it.
-    auto* res = new HashTableResource(initial_capacity_, debug_name_.empty() ? "anonymous" : debug_name_);
+    const std::string name = debug_name_.empty() ? "anonymous" : debug_name_;
+    HashTableResource* res = nullptr;
+    try {
+      res = new HashTableResource(initial_capacity_, name);
+    } catch (const std::exception& e) {
+      ctx->CtxFailure(errors::ResourceExhausted(type_string(), ": cannot allocate hash table '", name,
+                                                "' of initial_capacity ", initial_capacity_, ": ", e.what()));
+      return;
+    }
     handle->scalar<ResourceHandle>()() =
         ResourceHandle::MakeRefCountingHandle<HashTableResource>(res, ctx->device()->name());
   }
@@ -149,7 +179,9 @@ class HashTableFindOp : public OpKernel {
     Tensor* values;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, keys.shape(), &values));
     TfHashPool pool(ctx);
-    t->table().find(keys.flat<int64_t>().data(), keys.NumElements(), values->flat<int64_t>().data(), &pool);
+    CoreCall(ctx, t->name(), [&] {
+      t->table().find(keys.flat<int64_t>().data(), keys.NumElements(), values->flat<int64_t>().data(), &pool);
+    });
   }
 };
 
@@ -172,8 +204,11 @@ class HashTableFindOrInsertOp : public OpKernel {
     TfHashPool pool(ctx);
     const int64_t* k = keys.flat<int64_t>().data();
     const int64_t n = keys.NumElements();
-    int64_t bad_key = 0;
-    const int64_t inserted = t->table().find_or_insert(k, n, values->flat<int64_t>().data(), max_size, &pool, &bad_key);
+    int64_t bad_key = 0, inserted = 0;
+    CoreCall(ctx, t->name(), [&] {
+      inserted = t->table().find_or_insert(k, n, values->flat<int64_t>().data(), max_size, &pool, &bad_key);
+    });
+    if (!ctx->status().ok()) return;
     if (inserted < 0) {
       const int64_t at = std::find(k, k + n, bad_key) - k;
       ctx->CtxFailure(errors::InvalidArgument(
@@ -195,7 +230,9 @@ class HashTableInsertOp : public OpKernel {
                 errors::InvalidArgument(type_string(), ": keys has shape ", keys.shape().DebugString(),
                                         " but values has shape ", values.shape().DebugString(),
                                         "; they must be the same"));
-    t->table().insert_or_assign(keys.flat<int64_t>().data(), values.flat<int64_t>().data(), keys.NumElements());
+    CoreCall(ctx, t->name(), [&] {
+      t->table().insert_or_assign(keys.flat<int64_t>().data(), values.flat<int64_t>().data(), keys.NumElements());
+    });
   }
 };
 
@@ -232,12 +269,15 @@ class HashTableExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, GetTable(ctx, &t));
     // The outputs are sized from size(); a writer may run in between, then size again.
     std::vector<int64_t> keys, values;
-    for (;;) {
-      const int64_t n = t->table().size();
-      keys.resize(n);
-      values.resize(n);
-      if (t->table().export_entries_if_size(keys.data(), values.data(), n)) break;
-    }
+    CoreCall(ctx, t->name(), [&] {
+      for (;;) {
+        const int64_t n = t->table().size();
+        keys.resize(n);
+        values.resize(n);
+        if (t->table().export_entries_if_size(keys.data(), values.data(), n)) break;
+      }
+    });
+    if (!ctx->status().ok()) return;
     const int64_t n = static_cast<int64_t>(keys.size());
     Tensor *k, *v;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &k));
@@ -255,7 +295,7 @@ class HashTableClearOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<HashTableResource> t;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &t));
-    t->table().clear();
+    CoreCall(ctx, t->name(), [&] { t->table().clear(); });
   }
 };
 

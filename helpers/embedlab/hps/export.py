@@ -33,7 +33,7 @@ log = logging.getLogger("embedlab.hps")
 
 __all__ = ["DemoArgs", "demo_args", "generate_random_samples", "train_naive_dnn", "dense_part",
            "save_dense_savedmodels", "export_onnx", "check_onnx", "write_embedding",
-           "write_hps_json", "serving_tiers", "write_manifest", "InferenceModel", "build_inference_model", "export_for_serving",
+           "write_hps_json", "serving_tiers", "write_manifest", "build_inference_model", "export_for_serving",
            "MODEL_NAME", "ONNX_INPUT", "ONNX_OUTPUT"]
 
 MODEL_NAME = "naive_dnn"
@@ -271,9 +271,6 @@ def _inference_module(ps_config_file: str, dense, args: DemoArgs, model_name: st
             return {"logits": self.dense(emb), "embeddings": emb}
 
     return InferenceModel()
-
-
-InferenceModel = _inference_module  # the factory (the class needs TensorFlow, imported lazily)
 
 
 def build_inference_model(ps_config_file, dense, args: DemoArgs, path=None, model_name: str = MODEL_NAME):

@@ -100,6 +100,12 @@ class ParameterServer:
         self._tables: dict[tuple[str, int], _Table] = {}
         self._stats = {"cache": _TierStats(), "volatile": _TierStats(), "persistent": _TierStats()}
         self._closed = False
+        # Bumped by update() / refresh(): a background cache insertion queued before it may carry
+        # an old row, so the worker drops insertions from an older epoch.
+        self._epoch = 0
+        # Rows updated while the volatile tier was down: erased from it when it is back (it may
+        # still hold their old values).
+        self._volatile_dirty: list = []
         self._queue: queue.Queue = queue.Queue(maxsize=64)
         self._worker: threading.Thread | None = None
         cfg = self.config
@@ -155,7 +161,9 @@ class ParameterServer:
             vc = self.config.volatile_db
             if self.volatile is not None and (vc.initialize_after_startup or reload):
                 k = n if reload else int(math.floor(vc.initial_cache_rate * n + 1e-9))
-                self._guard(self.volatile, "volatile", lambda: self.volatile.insert(name, keys[:k], vecs[:k]))
+                if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(name, keys[:k], vecs[:k]),
+                               fallback=False) is False and reload:
+                    self._volatile_dirty.append((name, keys.copy()))
             pc = self.config.persistent_db
             if self.persistent is not None and not self.persistent.read_only and (pc.initialize_after_startup or reload):
                 self.persistent.insert(name, keys, vecs)
@@ -220,6 +228,13 @@ class ParameterServer:
             log.warning("HPS %s tier (%s) is back after %.1f s", which, getattr(tier, "kind", which),
                         time.monotonic() - st.outage_start)
             st.down_since = None
+            if which == "volatile" and self._volatile_dirty:
+                dirty, self._volatile_dirty = self._volatile_dirty, []
+                try:
+                    for name, k in dirty:
+                        tier.erase(name, k)
+                except TierUnavailable:
+                    self._volatile_dirty = dirty
         return out
 
     def _timed_find(self, tier, which, name, keys, out):
@@ -307,15 +322,15 @@ class ParameterServer:
                         tab.sync_inserts += int(k.size)
                         self._stats["cache"].inserted += int(k.size)
                     else:
-                        self._enqueue(cache, tab, k, v)
+                        self._enqueue(cache, tab, k, v, self._epoch)
         return out[inverse]
 
-    def _enqueue(self, cache, tab, k, v):
+    def _enqueue(self, cache, tab, k, v, epoch):
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._insert_worker, name="hps-cache-insert", daemon=True)
             self._worker.start()
         try:
-            self._queue.put_nowait((cache, tab, k, v))
+            self._queue.put_nowait((cache, tab, k, v, epoch))
         except queue.Full:
             # The background inserter is behind; HugeCTR drops such insertions too (the rows stay
             # in the lower tiers and come up on a later miss).
@@ -327,10 +342,10 @@ class ParameterServer:
             if item is None:
                 self._queue.task_done()
                 return
-            cache, tab, k, v = item
+            cache, tab, k, v, epoch = item
             try:
                 with self._lock:
-                    if not self._closed:
+                    if not self._closed and epoch == self._epoch:
                         cache.insert(tab.name, k, v)
                         tab.async_inserts += int(k.size)
                         self._stats["cache"].inserted += int(k.size)
@@ -366,10 +381,13 @@ class ParameterServer:
             raise HPSLookupError(f"HPS update: model {model!r} uses embedding_cache_type 'static', "
                                  "which cannot be updated; use 'dynamic'")
         with self._lock:
+            self._epoch += 1
             if self.persistent is not None and not self.persistent.read_only:
                 self.persistent.insert(tab.name, keys, vectors)
             if self.volatile is not None:
-                self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, keys, vectors))
+                if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, keys, vectors),
+                               fallback=False) is False:
+                    self._volatile_dirty.append((tab.name, keys.copy()))
             if cache is not None:
                 cache.update(tab.name, keys, vectors)
         return int(keys.shape[0])
@@ -378,6 +396,7 @@ class ParameterServer:
         """Reloads the model's sparse files into the tiers (rows changed on disk); returns rows read."""
         m = self.config.model(model)
         with self._lock:
+            self._epoch += 1
             return self._load_model(m, reload=True)
 
     def table_info(self, model: str, table_id: int) -> dict:

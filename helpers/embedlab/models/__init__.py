@@ -2,10 +2,14 @@
 
 - `DeepFM`: DeepFM (Guo et al., 2017) over Criteo-style inputs, with the HugeCTR-plugin
   `EmbeddingLayer` or with native `keras.layers.Embedding`.
+- `FusedEmbedding`: one table per categorical column, all looked up by one EmbedLab op.
 - `criteo_inputs` / `load_criteo_parquet`: preprocessed Criteo columns -> the model's inputs.
-- `train_steps`: a timed step-by-step training loop (per-batch losses, examples/s).
+- `train_steps`: a timed step-by-step training loop (per-batch losses, examples/s);
+  `sparse_update_ms`: the time of one optimizer step on an embedding table.
 """
 from .deepfm import DeepFM, NativeSlotEmbedding, criteo_inputs, load_criteo_parquet
-from .training import train_steps
+from .embeddings import FusedEmbedding
+from .training import sparse_update_ms, train_steps
 
-__all__ = ["DeepFM", "NativeSlotEmbedding", "criteo_inputs", "load_criteo_parquet", "train_steps"]
+__all__ = ["DeepFM", "FusedEmbedding", "NativeSlotEmbedding", "criteo_inputs", "load_criteo_parquet",
+           "sparse_update_ms", "train_steps"]

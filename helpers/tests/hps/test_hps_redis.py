@@ -11,7 +11,7 @@ from embedlab.hps import ParameterServer
 from embedlab.hps.config import VolatileDBConfig
 from embedlab.hps.tiers import RedisTier, TierError, TierUnavailable
 
-from hps_testing import Table, redis_cluster, redis_server  # noqa: F401 (fixtures)
+from hps_testing import Table, needs_native_tiers, redis_cluster, redis_server  # noqa: F401 (fixtures)
 
 
 def _tier(r, **kw):
@@ -72,6 +72,7 @@ def test_password_and_address_errors(redis_server):
         RedisTier(VolatileDBConfig(type="redis_cluster", address=redis_server.address, password=""))
 
 
+@needs_native_tiers
 def test_redis_killed_under_load_lookups_stay_exact(tmp_path, caplog):
     from embedlab.hps.redis import start_redis
     r = start_redis()
@@ -81,7 +82,7 @@ def test_redis_killed_under_load_lookups_stay_exact(tmp_path, caplog):
                                "num_partitions": 4, "max_batch_size": 512, "cache_missed_embeddings": True},
                "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "db")},
                "models": [{"model": "m", "sparse_files": [str(tab.path)], "embedding_vecsize_per_table": [16],
-                           "gpucache": False, "default_value_for_each_table": [-1.0]}]}
+                           "gpucache": True, "gpucacheper": 0.1, "default_value_for_each_table": [-1.0]}]}
         ps = ParameterServer(cfg, retry_seconds=0.2)
         errors, done, results = [], threading.Event(), [0]
 
@@ -120,6 +121,7 @@ def test_redis_killed_under_load_lookups_stay_exact(tmp_path, caplog):
         # reconnected: rows found in RocksDB were written back into the restarted Redis
         assert r.client().dbsize() > 0
         assert ps.stats()["tables"]["m/0"]["defaults_returned"] > 0
+        assert st["cache"]["hits"] > 0 and st["persistent"]["hits"] > 0     # cache + RocksDB answered
         ps.close()
     finally:
         r.stop()

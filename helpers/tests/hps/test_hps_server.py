@@ -42,7 +42,8 @@ STACKS = {
     "cache+parallel_hash_map+rocks_db": dict(volatile="parallel_hash_map", persistent="rocks", gpucache=True,
                                              native=True, initial_cache_rate=0.5),
     "static cache+hash_map": dict(gpucache=True, static=True, native=True, volatile="hash_map"),
-    "hash_map(evicting)+rocks_db": dict(volatile="hash_map", persistent="rocks", native=True, overflow=True),
+    **{f"hash_map({policy})+rocks_db": dict(volatile="hash_map", persistent="rocks", native=True, overflow=policy)
+       for policy in ("evict_random", "evict_least_used", "evict_oldest")},
 }
 
 
@@ -63,7 +64,7 @@ def test_stack_against_oracle(stack, tmp_path, request):
     elif s.get("volatile"):
         vol = {"type": s["volatile"], "initial_cache_rate": s.get("initial_cache_rate", 1.0), "num_partitions": 4}
         if s.get("overflow"):
-            vol.update(overflow_margin=100, overflow_policy="evict_least_used", overflow_resolution_target=0.5)
+            vol.update(overflow_margin=100, overflow_policy=s["overflow"], overflow_resolution_target=0.5)
     if s.get("persistent") == "rocks":
         per = {"type": "rocks_db", "path": str(tmp_path / "db")}
     model = {"gpucacheper": 0.3}
@@ -87,6 +88,9 @@ def test_stack_against_oracle(stack, tmp_path, request):
         if vol is not None and not s.get("overflow") and s.get("initial_cache_rate", 1.0) == 1.0:
             assert st["tiers"]["volatile"]["hits"] > 0
         assert ps.lookup("m1", 0, np.zeros(0, np.int64)).shape == (0, 16)
+        if s.get("overflow"):   # every partition of every table stays within overflow_margin
+            for t in ("hps_et.m1.a", "hps_et.m1.b", "hps_et.m2.a"):
+                assert ps.volatile.size(t) <= 4 * 100
     finally:
         ps.close()
 
@@ -209,3 +213,22 @@ print("no-tf-ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
     assert "no-tf-ok" in r.stdout, r.stderr[-2000:]
+
+
+@needs_native_tiers
+def test_update_never_loses_to_a_queued_background_insert(tmp_path):
+    rng = np.random.default_rng()
+    tab = Table(tmp_path / "t", n=1000, dim=8, rng=rng)
+    cfg = _cfg({("a", "t"): tab}, volatile={"type": "hash_map"}, gpucache=True, gpucacheper=1.0,
+               hit_rate_threshold=0.0)                       # every insertion goes to the background thread
+    ps = ParameterServer(cfg)
+    for _ in range(5):
+        q = tab.keys[rng.choice(1000, 60, replace=False)]
+        ps.lookup("a", 0, q)                                 # queues (key, old row) insertions
+        new = rng.standard_normal((60, 8)).astype(np.float32)
+        ps.update("a", 0, q, new)                            # races the queued insertions
+        ps.wait_background()
+        assert np.array_equal(ps.lookup("a", 0, q), new)
+        for k, v in zip(q, new):
+            tab.oracle[int(k)] = v
+    ps.close()

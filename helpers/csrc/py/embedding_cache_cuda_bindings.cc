@@ -1,0 +1,261 @@
+// CudaEmbeddingCache: the HPS embedding cache in GPU memory (csrc/core/embedding_cache_cuda.cu)
+// over DLPack device arrays (PyTorch, CuPy, ...). Compiled only with CUDA. Thin, like
+// cuda_bindings.cc: validate, translate, call core.
+//
+// Streams: every method takes `stream`, the caller's cudaStream_t as an int
+// (torch.cuda.current_stream().cuda_stream, cupy.cuda.get_current_stream().ptr; 0 = the legacy
+// default stream). lookup_mask() enqueues and returns (no synchronization): the hit path for
+// timed loops. lookup() also compacts the miss positions and synchronizes once to learn their
+// number; insert()/update()/erase()/size()/stats() synchronize to return their counts.
+// Calls on one object are serialized by a lock; their work must not overlap on different
+// streams (see embedding_cache.h).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "embedding_cache.h"
+#include "hps_arrays.h"
+#include "registry.h"
+
+namespace nb = nanobind;
+using namespace embedlab;
+using namespace embedlab_py::hps;
+
+namespace {
+
+using Arr = nb::ndarray<>;
+
+void cuda_check(const std::string& fn, cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(fn + ": " + what + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+                             ")");
+}
+
+cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+// The module the array's type comes from: "torch", "cupy", or "" for anything else.
+std::string framework_of(const nb::handle& obj) {
+  nb::object mod = nb::getattr(obj.type(), "__module__", nb::none());
+  if (mod.is_none()) return "";
+  const std::string m = nb::cast<std::string>(mod);
+  if (m.rfind("torch", 0) == 0) return "torch";
+  if (m.rfind("cupy", 0) == 0) return "cupy";
+  return "";
+}
+
+class PyCudaEmbeddingCache {
+ public:
+  PyCudaEmbeddingCache(int64_t capacity, int64_t dim, int ways, bool is_static, int device) {
+    const char* fn = "CudaEmbeddingCache";
+    if (capacity < 1) fail(fn, "capacity must be >= 1, got " + std::to_string(capacity));
+    if (dim < 1) fail(fn, "dim must be >= 1, got " + std::to_string(dim));
+    if (ways < 1 || ways > kEmbeddingCacheMaxWays)
+      fail(fn, "ways must be in [1, " + std::to_string(kEmbeddingCacheMaxWays) + "], got " + std::to_string(ways));
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      throw std::runtime_error(std::string(fn) + ": no CUDA device is visible (" +
+                               (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+    }
+    if (device < -1 || device >= n)
+      fail(fn, "device must be -1 (current) or in [0, " + std::to_string(n) + "), got " + std::to_string(device));
+    if (device >= 0) cuda_check(fn, cudaSetDevice(device), "cudaSetDevice");
+    cudaError_t err = cudaSuccess;
+    {
+      nb::gil_scoped_release r;
+      cache_ = std::make_unique<EmbeddingCacheCuda>(capacity, dim, ways, is_static, &err);
+    }
+    cuda_check(fn, err, "allocating the cache");
+  }
+
+  // Checks the arrays and makes the cache's device current.
+  void prepare(const std::string& fn, const Arr& keys, const Arr* rows, const char* rows_name) {
+    if (rows) expect_keys_rows(fn, keys, rows_name, *rows, cache_->dim(), true);
+    else expect<int64_t>(fn, "keys", keys, 1, true);
+    if (keys.device_id() != cache_->device() || (rows && rows->device_id() != cache_->device()))
+      fail(fn, "arrays must be on the cache's device " + std::to_string(cache_->device()) + ", got device " +
+                   std::to_string(keys.device_id()));
+    make_current(fn);
+  }
+
+  // cudaSetDevice only when needed (keeps the hit path free of runtime calls under graph capture).
+  void make_current(const std::string& fn) {
+    int cur = -1;
+    cuda_check(fn, cudaGetDevice(&cur), "cudaGetDevice");
+    if (cur != cache_->device()) cuda_check(fn, cudaSetDevice(cache_->device()), "cudaSetDevice");
+  }
+
+  void lookup_mask(const Arr& keys, const Arr& out, const std::optional<Arr>& hit_mask, uintptr_t stream) {
+    const std::string fn = "CudaEmbeddingCache.lookup_mask";
+    prepare(fn, keys, &out, "out");
+    uint8_t* mask = nullptr;
+    if (hit_mask) {
+      expect<uint8_t>(fn, "hit_mask", *hit_mask, 1, true);
+      if (hit_mask->shape(0) != keys.shape(0))
+        fail(fn, "hit_mask must have shape (" + std::to_string(keys.shape(0)) + ",), got " + shape_str(*hit_mask));
+      mask = static_cast<uint8_t*>(hit_mask->data());
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    cuda_check(fn,
+               cache_->lookup_mask(static_cast<const int64_t*>(keys.data()), static_cast<int64_t>(keys.shape(0)),
+                                   static_cast<float*>(out.data()), mask, as_stream(stream)),
+               "lookup kernel");
+  }
+
+  nb::object lookup(nb::handle keys_obj, const Arr& out, uintptr_t stream) {
+    const std::string fn = "CudaEmbeddingCache.lookup";
+    Arr keys;
+    if (!nb::try_cast(keys_obj, keys)) fail(fn, "keys must be a CUDA device array (a torch.cuda tensor or a CuPy array)");
+    prepare(fn, keys, &out, "out");
+    const int64_t n = static_cast<int64_t>(keys.shape(0));
+    const cudaStream_t s = as_stream(stream);
+    const size_t ws_bytes = EmbeddingCacheCuda::lookup_workspace_bytes(n);
+    void* ws = nullptr;
+    int64_t* missing = nullptr;
+    int64_t m = 0;
+    cudaError_t e;
+    {
+      nb::gil_scoped_release r;
+      std::lock_guard<std::mutex> l(mu_);
+      e = cudaMalloc(reinterpret_cast<void**>(&missing), sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+      if (e == cudaSuccess) e = cudaMallocAsync(&ws, ws_bytes, s);
+      if (e == cudaSuccess)
+        e = cache_->lookup(static_cast<const int64_t*>(keys.data()), n, static_cast<float*>(out.data()), missing, &m,
+                           ws, ws_bytes, s);
+      if (ws) cudaFreeAsync(ws, s);
+    }
+    if (e != cudaSuccess) {
+      cudaFree(missing);
+      cuda_check(fn, e, "lookup");
+    }
+    // The miss positions, as an array of the keys' framework (a DLPack capsule for others).
+    nb::capsule owner(missing, [](void* p) noexcept { cudaFree(p); });
+    const size_t shape[1] = {static_cast<size_t>(m)};
+    const int dev = cache_->device();
+    const std::string fw = framework_of(keys_obj);
+    if (fw == "torch")
+      return nb::cast(nb::ndarray<nb::pytorch, int64_t>(missing, 1, shape, owner, nullptr, nb::dtype<int64_t>(),
+                                                        nb::device::cuda::value, dev));
+    if (fw == "cupy")
+      return nb::cast(nb::ndarray<nb::cupy, int64_t>(missing, 1, shape, owner, nullptr, nb::dtype<int64_t>(),
+                                                     nb::device::cuda::value, dev));
+    return nb::cast(
+        nb::ndarray<int64_t>(missing, 1, shape, owner, nullptr, nb::dtype<int64_t>(), nb::device::cuda::value, dev));
+  }
+
+  int64_t write(const char* name, int mode, const Arr& keys, const Arr* values, uintptr_t stream) {
+    const std::string fn = std::string("CudaEmbeddingCache.") + name;
+    prepare(fn, keys, values, "values");
+    if (mode != 0 && cache_->is_static())
+      fail(fn, "this cache is static (read-only once filled); use a dynamic cache to " + std::string(name) + " rows");
+    const int64_t n = static_cast<int64_t>(keys.shape(0));
+    const int64_t* k = static_cast<const int64_t*>(keys.data());
+    const float* v = values ? static_cast<const float*>(values->data()) : nullptr;
+    int64_t count = 0;
+    cudaError_t e;
+    {
+      nb::gil_scoped_release r;
+      std::lock_guard<std::mutex> l(mu_);
+      if (mode == 0) e = cache_->insert(k, v, n, &count, as_stream(stream));
+      else if (mode == 1) e = cache_->update(k, v, n, &count, as_stream(stream));
+      else e = cache_->erase(k, n, &count, as_stream(stream));
+    }
+    cuda_check(fn, e, name);
+    return count;
+  }
+
+  int64_t size(uintptr_t stream) {
+    int64_t s = 0;
+    cudaError_t e;
+    {
+      nb::gil_scoped_release r;
+      std::lock_guard<std::mutex> l(mu_);
+      e = cudaSetDevice(cache_->device());
+      if (e == cudaSuccess) e = cache_->size(&s, as_stream(stream));
+    }
+    cuda_check("CudaEmbeddingCache.size", e, "size");
+    return s;
+  }
+
+  void clear(uintptr_t stream) {
+    std::lock_guard<std::mutex> l(mu_);
+    make_current("CudaEmbeddingCache.clear");
+    cuda_check("CudaEmbeddingCache.clear", cache_->clear(as_stream(stream)), "clear");
+  }
+
+  nb::dict stats(uintptr_t stream) {
+    EmbeddingCacheStats s;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      make_current("CudaEmbeddingCache.stats");
+      cuda_check("CudaEmbeddingCache.stats", cache_->stats(&s, as_stream(stream)), "reading the counters");
+    }
+    nb::dict d;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["inserts"] = s.inserts;
+    d["evictions"] = s.evictions;
+    d["updates"] = s.updates;
+    d["erases"] = s.erases;
+    d["rejected"] = s.rejected;
+    d["size"] = size(stream);
+    d["capacity"] = cache_->capacity();
+    return d;
+  }
+
+  const EmbeddingCacheCuda& core() const { return *cache_; }
+
+ private:
+  std::unique_ptr<EmbeddingCacheCuda> cache_;
+  std::mutex mu_;
+};
+
+}  // namespace
+
+EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
+  nb::class_<PyCudaEmbeddingCache>(
+      m, "CudaEmbeddingCache",
+      "The HPS embedding cache in GPU memory: EmbeddingCache's layout, eviction and results, over\n"
+      "CUDA arrays (torch.cuda tensors, CuPy arrays: int64 keys, float32 rows). Every method takes\n"
+      "`stream` (the caller's cudaStream_t as an int; 0 = legacy default stream). lookup_mask() is\n"
+      "the asynchronous hit path; lookup(), insert(), update(), erase(), size() synchronize once.\n"
+      "For a key repeated in one insert, one of its values wins (the CPU cache: the last).")
+      .def(nb::init<int64_t, int64_t, int, bool, int>(), nb::arg("capacity"), nb::arg("dim"), nb::arg("ways") = 8,
+           nb::arg("static") = false, nb::arg("device") = -1)
+      .def("lookup", &PyCudaEmbeddingCache::lookup, nb::arg("keys"), nb::arg("out"), nb::arg("stream") = 0,
+           "Copies the cached rows of keys into out (float32[n, dim]); returns the miss positions\n"
+           "(int64[m], ascending, on the device, in the keys' framework). Synchronizes once.")
+      .def("lookup_mask", &PyCudaEmbeddingCache::lookup_mask, nb::arg("keys"), nb::arg("out"),
+           nb::arg("hit_mask").none() = nb::none(), nb::arg("stream") = 0,
+           "The hit path without synchronization: hit rows copied into out, hit_mask[i] (uint8, optional)\n"
+           "set to 1 for a hit and 0 for a miss; miss rows untouched.")
+      .def("insert",
+           [](PyCudaEmbeddingCache& c, const Arr& k, const Arr& v, uintptr_t s) { return c.write("insert", 0, k, &v, s); },
+           nb::arg("keys"), nb::arg("values"), nb::arg("stream") = 0, "Returns the number of positions stored.")
+      .def("update",
+           [](PyCudaEmbeddingCache& c, const Arr& k, const Arr& v, uintptr_t s) { return c.write("update", 1, k, &v, s); },
+           nb::arg("keys"), nb::arg("values"), nb::arg("stream") = 0,
+           "Overwrites present keys only; returns how many positions were present.")
+      .def("erase", [](PyCudaEmbeddingCache& c, const Arr& k, uintptr_t s) { return c.write("erase", 2, k, nullptr, s); },
+           nb::arg("keys"), nb::arg("stream") = 0, "Removes present keys; returns the number removed.")
+      .def("clear", &PyCudaEmbeddingCache::clear, nb::arg("stream") = 0)
+      .def("size", &PyCudaEmbeddingCache::size, nb::arg("stream") = 0)
+      .def("stats", &PyCudaEmbeddingCache::stats, nb::arg("stream") = 0)
+      .def_prop_ro("capacity", [](const PyCudaEmbeddingCache& c) { return c.core().capacity(); })
+      .def_prop_ro("dim", [](const PyCudaEmbeddingCache& c) { return c.core().dim(); })
+      .def_prop_ro("ways", [](const PyCudaEmbeddingCache& c) { return c.core().ways(); })
+      .def_prop_ro("num_sets", [](const PyCudaEmbeddingCache& c) { return c.core().num_sets(); })
+      .def_prop_ro("static", [](const PyCudaEmbeddingCache& c) { return c.core().is_static(); })
+      .def_prop_ro("device", [](const PyCudaEmbeddingCache& c) { return c.core().device(); });
+}

@@ -1,0 +1,281 @@
+"""The HPS embedding cache on the GPU (csrc/core/embedding_cache_cuda.cu) through `CudaEmbeddingCache`.
+
+Compared with the CPU cache (itself checked against a Python model in test_embedding_cache.py)
+on fresh random keys with duplicates, negative and huge keys. Where no set overflows, both must
+hold exactly the same keys and rows (the GPU's threads may fill a set's ways in another order,
+which only matters once a set is full). Under eviction, every row the GPU returns must be the
+last row inserted for that key, bit for bit (never stale, never another key's), the size stays
+within the capacity, and the miss list agrees with the hit mask. Outputs are poisoned with NaN,
+so a miss whose row was written, or a hit whose row was not, fails.
+
+Skipped, with the reason, when the module was built without CUDA, when neither PyTorch nor CuPy
+is importable, or when no GPU is visible.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+
+def _load_core():
+    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):  # a standalone cmake build on PYTHONPATH
+        import _embedlab_core
+        return _embedlab_core
+    try:
+        from embedlab import _native
+        return _native.core()
+    except Exception:  # the device machine builds the module standalone, outside the package
+        import _embedlab_core
+        return _embedlab_core
+
+
+try:
+    core = _load_core()
+    _LOAD_ERROR = ""
+except Exception as e:  # pragma: no cover - reported as the skip reason
+    core, _LOAD_ERROR = None, str(e)
+
+
+class _Torch:
+    def __init__(self):
+        import torch
+        self.t = torch
+
+    def available(self):
+        return self.t.cuda.is_available()
+
+    def put(self, a):
+        return self.t.from_numpy(np.ascontiguousarray(a)).cuda()
+
+    def get(self, x):
+        self.t.cuda.synchronize()
+        return x.cpu().numpy()
+
+    def nan(self, shape):
+        return self.t.full(shape, float("nan"), dtype=self.t.float32, device="cuda")
+
+    def zeros_u8(self, n):
+        return self.t.full((n,), 7, dtype=self.t.uint8, device="cuda")
+
+    def stream(self):
+        return self.t.cuda.current_stream().cuda_stream
+
+
+class _Cupy:
+    def __init__(self):
+        import cupy
+        self.cp = cupy
+
+    def available(self):
+        return self.cp.cuda.runtime.getDeviceCount() > 0
+
+    def put(self, a):
+        return self.cp.asarray(np.ascontiguousarray(a))
+
+    def get(self, x):
+        self.cp.cuda.get_current_stream().synchronize()
+        return self.cp.asnumpy(x)
+
+    def nan(self, shape):
+        return self.cp.full(shape, np.nan, dtype=np.float32)
+
+    def zeros_u8(self, n):
+        return self.cp.full((n,), 7, dtype=np.uint8)
+
+    def stream(self):
+        return self.cp.cuda.get_current_stream().ptr
+
+
+def _device():
+    if core is None:
+        return None, f"cannot import _embedlab_core: {_LOAD_ERROR}"
+    if not getattr(core, "cuda_built", False) or not hasattr(core, "CudaEmbeddingCache"):
+        return None, "_embedlab_core was built without CUDA (no CudaEmbeddingCache)"
+    for cls in (_Torch, _Cupy):
+        try:
+            d = cls()
+            if d.available():
+                return d, ""
+        except Exception:
+            continue
+    return None, "no CUDA device visible through PyTorch or CuPy"
+
+
+DEV, _SKIP = _device()
+pytestmark = pytest.mark.skipif(DEV is None, reason=_SKIP or "no GPU")
+SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
+
+
+@pytest.fixture
+def rng(request):
+    seed = (SEED + sum(map(ord, request.node.name))) % 2**31
+    print(f"seed={seed}")  # replay a failing draw with EMBEDLAB_TEST_SEED
+    return np.random.default_rng(seed)
+
+
+def make_universe(rng, size):
+    """Sorted unique keys (negative and huge ones too); value_of() encodes their index."""
+    global UNIVERSE
+    u = rng.integers(-(2**62), 2**62, size=size, dtype=np.int64)
+    u[: size // 4] = rng.integers(-1, size, size=size // 4)
+    u[0], u[1] = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    UNIVERSE = np.unique(u)
+    return UNIVERSE
+
+
+UNIVERSE = None
+
+
+def value_of(keys, version, dim):
+    """One row per (key, version) (version < 64): column 0 = 64 * (key's index in the sorted
+    universe) + version, exact in float32, so any two keys or versions differ there."""
+    idx = np.searchsorted(UNIVERSE, keys) if UNIVERSE is not None else np.abs(keys) % 100003
+    base = (idx.astype(np.float64) * 64 + version).astype(np.float32)
+    return (base[:, None] + np.arange(dim, dtype=np.float32)[None, :] / 8).astype(np.float32)
+
+
+def gpu_lookup(cache, keys):
+    out = DEV.nan((len(keys), cache.dim))
+    mask = DEV.zeros_u8(len(keys))
+    d_keys = DEV.put(keys)
+    cache.lookup_mask(d_keys, out, mask, stream=DEV.stream())
+    out_mask = DEV.get(out)
+    hit = DEV.get(mask)
+    assert set(np.unique(hit).tolist()) <= {0, 1}, "hit_mask has values other than 0/1 (unwritten)"
+    out2 = DEV.nan((len(keys), cache.dim))
+    missing = DEV.get(cache.lookup(d_keys, out2, stream=DEV.stream()))
+    np.testing.assert_array_equal(missing, np.flatnonzero(hit == 0), err_msg="lookup() misses != lookup_mask() misses")
+    out2 = DEV.get(out2)
+    assert np.array_equal(out_mask, out2, equal_nan=True)
+    assert np.isnan(out2[hit == 0]).all(), "a miss had its row written"
+    assert not np.isnan(out2[hit == 1]).any(), "a hit's row was not written"
+    return out2, hit.astype(bool)
+
+
+@pytest.mark.parametrize("dim,ways", [(16, 8), (128, 8), (5, 4), (33, 16), (1, 32)])
+def test_matches_cpu_cache_without_overflow(rng, dim, ways):
+    universe = make_universe(rng, 5000)
+    cpu = core.EmbeddingCache(3000, dim, ways=ways, num_threads=1)
+    # Keep only keys whose set does not overflow: the CPU cache keeps exactly those.
+    cpu.insert(universe, value_of(universe, 0, dim))
+    probe = np.empty((len(universe), dim), np.float32)
+    survivors = np.delete(universe, cpu.lookup(universe, probe))
+    cpu.clear()
+    gpu = core.CudaEmbeddingCache(3000, dim, ways=ways)
+    assert gpu.capacity == cpu.capacity and gpu.num_sets == cpu.num_sets
+    for version in range(1, 6):
+        keys = survivors[rng.integers(0, len(survivors), size=int(rng.integers(1, 3000)))]  # duplicates
+        vals = value_of(keys, version, dim)
+        assert gpu.insert(DEV.put(keys), DEV.put(vals), stream=DEV.stream()) == cpu.insert(keys, vals)
+        if version % 2 == 0:
+            upd = survivors[rng.integers(0, len(survivors), size=500)]
+            uv = value_of(upd, 32 + version, dim)
+            assert gpu.update(DEV.put(upd), DEV.put(uv), stream=DEV.stream()) == cpu.update(upd, uv)
+            # (a repeated key in one update carries one row, so "which wins" cannot differ)
+        if version == 3:
+            er = survivors[rng.integers(0, len(survivors), size=300)]
+            assert gpu.erase(DEV.put(er), stream=DEV.stream()) == cpu.erase(er)
+        query = np.concatenate([universe[rng.integers(0, len(universe), size=4000)], survivors[:50]])
+        got, hit = gpu_lookup(gpu, query)
+        ref = np.full((len(query), dim), np.nan, np.float32)
+        ref_missing = cpu.lookup(query, ref)
+        np.testing.assert_array_equal(np.flatnonzero(~hit), ref_missing)
+        assert np.array_equal(got, ref, equal_nan=True)
+        assert gpu.size() == cpu.size()
+    st = gpu.stats()
+    assert st["evictions"] == 0 and st["hits"] > 0 and st["misses"] > 0
+    gpu.clear()
+    assert gpu.size() == 0
+    assert gpu_lookup(gpu, survivors)[1].sum() == 0
+
+
+@pytest.mark.parametrize("dim", [16, 128, 7])
+def test_eviction_keeps_capacity_and_never_returns_stale_rows(rng, dim):
+    universe = make_universe(rng, 20000)
+    gpu = core.CudaEmbeddingCache(2000, dim, ways=8)
+    latest = {}
+    for version in range(1, 9):
+        keys = universe[rng.integers(0, len(universe), size=int(rng.integers(1000, 6000)))]
+        vals = value_of(keys, version, dim)  # a repeated key carries the same row within a call
+        gpu.insert(DEV.put(keys), DEV.put(vals), stream=DEV.stream())
+        for k, row in zip(keys.tolist(), vals):
+            latest[k] = row
+        assert gpu.size() <= gpu.capacity
+        query = universe[rng.integers(0, len(universe), size=8000)]
+        got, hit = gpu_lookup(gpu, query)
+        for i in np.flatnonzero(hit):
+            k = int(query[i])
+            assert k in latest, f"key {k} was never inserted but was found"
+            np.testing.assert_array_equal(got[i], latest[k], err_msg=f"stale or foreign row for key {k}")
+    got, hit = gpu_lookup(gpu, universe)
+    assert hit.sum() == gpu.size()
+    assert gpu.stats()["evictions"] > 0
+
+
+def test_lru_across_calls_keeps_the_touched_keys():
+    """One set of 4 ways: a key looked up in a later call outlives older untouched keys."""
+    global UNIVERSE
+    UNIVERSE = np.arange(100, dtype=np.int64)
+    gpu = core.CudaEmbeddingCache(4, 4, ways=4)
+    assert gpu.num_sets == 1
+    for i, k in enumerate([10, 11, 12, 13]):  # one call each: distinct epochs
+        gpu.insert(DEV.put(np.array([k], np.int64)), DEV.put(value_of(np.array([k]), i, 4)), stream=DEV.stream())
+    gpu_lookup(gpu, np.array([10], np.int64))  # 10 becomes the most recent (lookup_mask + lookup)
+    gpu.insert(DEV.put(np.array([14, 15], np.int64)), DEV.put(value_of(np.array([14, 15]), 9, 4)),
+               stream=DEV.stream())
+    _, hit = gpu_lookup(gpu, np.array([10, 11, 12, 13, 14, 15], np.int64))
+    assert hit[0] and hit[4] and hit[5] and not hit[1] and hit.sum() == 4
+
+
+def test_static_cache(rng):
+    dim = 16
+    universe = make_universe(rng, 4000)
+    gpu = core.CudaEmbeddingCache(1000, dim, ways=8, static=True)
+    cpu = core.EmbeddingCache(1000, dim, ways=8, static=True, num_threads=1)
+    keys = universe[:600]  # few enough that ways fill in any order without overflow: compare exactly
+    vals = value_of(keys, 1, dim)
+    cpu.insert(keys, vals)
+    probe = np.empty((len(keys), dim), np.float32)
+    keys = np.delete(keys, cpu.lookup(keys, probe))
+    vals = value_of(keys, 1, dim)
+    gpu.insert(DEV.put(keys), DEV.put(vals), stream=DEV.stream())
+    # A second insert of the same keys with other rows changes nothing (static: no overwrite).
+    assert gpu.insert(DEV.put(keys), DEV.put(value_of(keys, 2, dim)), stream=DEV.stream()) == 0
+    got, hit = gpu_lookup(gpu, keys)
+    assert hit.all()
+    np.testing.assert_array_equal(got, vals)
+    with pytest.raises(ValueError, match="static"):
+        gpu.update(DEV.put(keys), DEV.put(vals), stream=DEV.stream())
+    with pytest.raises(ValueError, match="static"):
+        gpu.erase(DEV.put(keys), stream=DEV.stream())
+    # Fill until sets are full: nothing is evicted, extra keys are rejected.
+    more = universe[600:]
+    gpu.insert(DEV.put(more), DEV.put(value_of(more, 3, dim)), stream=DEV.stream())
+    st = gpu.stats()
+    assert st["evictions"] == 0 and st["rejected"] > 0 and gpu.size() <= gpu.capacity
+    got, hit = gpu_lookup(gpu, keys)
+    assert hit.all()
+    np.testing.assert_array_equal(got, vals)
+
+
+def test_bad_arguments_raise():
+    gpu = core.CudaEmbeddingCache(64, 4)
+    keys = np.arange(4, dtype=np.int64)
+    with pytest.raises(ValueError, match="keys must be a CUDA device array"):
+        gpu.insert(keys, DEV.put(np.zeros((4, 4), np.float32)))
+    with pytest.raises(ValueError, match="keys must have dtype int64, got int32"):
+        gpu.lookup_mask(DEV.put(keys.astype(np.int32)), DEV.nan((4, 4)))
+    with pytest.raises(ValueError, match=r"out must have shape \(4, 4\)"):
+        gpu.lookup_mask(DEV.put(keys), DEV.nan((4, 3)))
+    with pytest.raises(ValueError, match="ways must be in"):
+        core.CudaEmbeddingCache(64, 4, ways=64)
+    assert gpu.size() == 0
+
+
+def test_empty_batches():
+    gpu = core.CudaEmbeddingCache(64, 8)
+    e = np.zeros(0, np.int64)
+    assert gpu.insert(DEV.put(e), DEV.put(np.zeros((0, 8), np.float32)), stream=DEV.stream()) == 0
+    missing = DEV.get(gpu.lookup(DEV.put(e), DEV.nan((0, 8)), stream=DEV.stream()))
+    assert len(missing) == 0
