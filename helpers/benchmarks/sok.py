@@ -170,7 +170,9 @@ def run_worker(args):
         return body_local(ids)
 
     nnz = sum(int(x.values.shape[0]) for x in batches[0])
-    p_rows = int(np.ceil(nnz / n * 1.1))   # the padded per-owner slot count of a uniform batch
+    # the padded per-owner slot count of a uniform batch (the same on every worker: the largest)
+    nnz_max = int(exchange.all_gather(tf.constant([nnz], tf.int64)).numpy().max())
+    p_rows = int(np.ceil(nnz_max / n * 1.1))
 
     @tf.function
     def a2a_only(x):
