@@ -64,6 +64,7 @@ class _LocalHashIndex:
 
     def assign(self, var, keys, values):
         idx = self.lookup_index(tf.constant(np.asarray(keys, np.int64)))
+        var = var.value if isinstance(getattr(var, "value", None), tf.Variable) else var   # a keras.Variable
         var.scatter_update(tf.IndexedSlices(tf.constant(np.asarray(values, np.float32)), idx))
 
 
@@ -143,6 +144,22 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
     def add_companion(self, var, init_rows):
         """Registers an optimizer slot `[capacity, dim]` that must grow with the table."""
         self._companions.append((var, init_rows))
+
+    def sync_companions(self):
+        """Grows any registered slot that is shorter than the table (a slot created while a
+        traced step was growing the table); returns the ops (run them before updating)."""
+        cap = resource_variable_ops.variable_shape(self.handle, out_type=tf.int64)[0]
+        ops = []
+        for var, init in self._companions:
+            have = resource_variable_ops.variable_shape(var.handle, out_type=tf.int64)[0]
+
+            def grow(var=var, init=init, have=have):
+                with tf.control_dependencies([var.assign(tf.concat([var.read_value(), init(cap - have)], 0),
+                                                         read_value=False)]):
+                    return tf.constant(True)
+
+            ops.append(tf.cond(have < cap, grow, lambda: tf.constant(False)))
+        return ops
 
     def _grow_to(self, need):
         cap = resource_variable_ops.variable_shape(self.handle, out_type=tf.int64)[0]

@@ -80,13 +80,14 @@ def _bad_key_check(bad_all, names, where):
         r = int(np.argmax(b[:, 0] >= 0))
         t, pos, key = (int(x) for x in b[r])
         raise tf.errors.InvalidArgumentError(
-            None, None, f"{where}: key {key} of table '{names[t]}' (ids[{t}] position {pos}, on rank {r}) is outside "
-                        f"the table's rows; every worker stops here")
+            None, None, f"{where}: key {key} of table {names[t]} (ids[{t}] position {pos}, on rank {r}) is outside "
+                        f"the rows of the table; every worker stops here")
     r = tf.argmax(tf.cast(bad_all[:, 0] >= 0, tf.int32), output_type=tf.int64)
     row = bad_all[r]
     name = tf.gather(tf.constant(names), tf.maximum(row[0], 0))
-    msg = tf.strings.format(where + ": key {} of table '{}' (ids[{}] position {}, on rank {}) is outside the table's rows; "
-                            "every worker stops here", (row[2], name, row[0], row[1], r))
+    s = tf.strings.as_string
+    msg = tf.strings.join([where, ": key ", s(row[2]), " of table ", name, " (ids[", s(row[0]), "] position ", s(row[1]),
+                           ", on rank ", s(r), ") is outside the rows of the table; every worker stops here"])
     return [tf.debugging.Assert(ok, [msg], name="sok_bad_key")]
 
 

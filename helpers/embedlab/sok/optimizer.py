@@ -120,6 +120,11 @@ class OptimizerWrapper:
 
     def _local_update(self, grads, variables, learning_rate):
         variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
+        sync = [op for v in variables if getattr(v, "is_dynamic", False) for op in v.sync_companions()]
+        with tf.control_dependencies(sync):
+            self._local_update_now(grads, variables, learning_rate)
+
+    def _local_update_now(self, grads, variables, learning_rate):
         if self._embedlab:
             sparse = [(g, v) for g, v in zip(grads, variables) if isinstance(g, tf.IndexedSlices)]
             dense = [(g, v) for g, v in zip(grads, variables) if not isinstance(g, tf.IndexedSlices)]

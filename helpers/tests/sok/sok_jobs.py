@@ -188,7 +188,7 @@ def main():
         except tf.errors.InvalidArgumentError as e:
             out["bad_key/message"] = np.array(str(e.message))
         msg = out["bad_key/message"].item()
-        named = int(f"'{v.table_name}'" in msg and f"key {bad} " in msg and f"rank {world - 1}" in msg)
+        named = int(f"table {v.table_name} " in msg and f"key {bad} " in msg and f"rank {world - 1}" in msg)
         out["bad_key/all_failed"] = sok.exchange.all_gather(tf.constant([named], tf.int64)).numpy()[:, 0]
     elif job == "load":
         src = sys.argv[4]
