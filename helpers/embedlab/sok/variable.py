@@ -1,0 +1,128 @@
+"""Embedding tables sharded over the workers: `Variable` (fixed rows) and `DynamicVariable` (a
+hash table that grows).
+
+A shard is a plain per-process `tf.Variable` on the worker's own device, created outside any
+strategy's variable creator (a per-worker shape cannot be mirrored: its broadcast fails). Its
+gradient in `strategy.run` is a local `IndexedSlices`, never all-reduced; `OptimizerWrapper`
+updates it locally. Keep shards out of Keras' weight lists (they are not `keras.Variable`s):
+pass them to the tape and to `OptimizerWrapper` yourself.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from . import _context
+
+__all__ = ["Variable", "parse_mode", "is_sok_variable"]
+
+_names = itertools.count()
+
+
+def parse_mode(mode: str, world: int) -> tuple[str, int]:
+    """("distributed", -1) or ("localized", rank) from a mode string, checked."""
+    if not isinstance(mode, str):
+        raise ValueError(f"embedlab.sok: mode must be a string, got {mode!r}")
+    if mode == "distributed":
+        return "distributed", -1
+    m = re.fullmatch(r"localized:(\d+)", mode)
+    if not m:
+        raise ValueError(f"embedlab.sok: mode must be 'distributed' or 'localized:<rank>', got {mode!r}")
+    r = int(m.group(1))
+    if r >= world:
+        raise ValueError(f"embedlab.sok: mode {mode!r} names rank {r} but there are {world} workers")
+    return "localized", r
+
+
+def shard_rows(global_rows: int, rank: int, world: int) -> int:
+    """Rows of worker `rank`'s shard of a distributed table (row i lives on rank i % world)."""
+    return max(0, (global_rows - rank + world - 1) // world)
+
+
+def _unique_name(name):
+    return name or f"sok_var_{next(_names)}"
+
+
+class Variable(resource_variable_ops.ResourceVariable):
+    """This worker's shard of an embedding table.
+
+    Args:
+        initial_value: the whole table `[rows, dim]` (array or tensor, the same on every worker),
+            or an initializer (Keras initializer, or callable(shape, dtype)) together with `shape`.
+        dtype: float32 (default).
+        mode: "distributed" (row i on rank i % n: 17 rows on 2 workers give 9 and 8) or
+            "localized:<rank>" (the whole table on one rank, `[0, dim]` elsewhere).
+        shape: the global `[rows, dim]`, with an initializer.
+        name: the table's name (in error messages and dump files).
+
+    Attributes: `mode`, `target_rank` (localized) / -1, `global_shape`, `rank`, `num_workers`.
+
+    Example:
+        >>> v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)   # [9, 3] on rank 0 of 2
+    """
+
+    def __init__(self, initial_value=None, dtype=None, mode: str = "distributed", shape=None, name=None,
+                 trainable=True, **kwargs):
+        ctx = _context.context()
+        kind, target = parse_mode(mode, ctx.world_size)
+        dtype = tf.as_dtype(dtype or tf.float32)
+        name = _unique_name(name)
+        if initial_value is None:
+            raise ValueError("embedlab.sok.Variable: give initial_value (the whole table) or an initializer with shape")
+        if callable(initial_value) and not isinstance(initial_value, (np.ndarray, tf.Tensor)):
+            if shape is None or len(shape) != 2:
+                raise ValueError(f"embedlab.sok.Variable {name!r}: an initializer needs shape=[rows, dim], got {shape}")
+            global_shape = [int(shape[0]), int(shape[1])]
+            local = self._local_rows(kind, target, global_shape[0], ctx)
+            init = initial_value
+            value = lambda: tf.cast(init([local, global_shape[1]], dtype=dtype), dtype)  # noqa: E731
+        else:
+            full = np.asarray(initial_value) if not isinstance(initial_value, tf.Tensor) else initial_value.numpy()
+            if full.ndim != 2:
+                raise ValueError(f"embedlab.sok.Variable {name!r}: the table must be [rows, dim], got shape {full.shape}")
+            global_shape = [int(full.shape[0]), int(full.shape[1])]
+            if kind == "distributed":
+                part = full[ctx.rank::ctx.world_size]
+            else:
+                part = full if ctx.rank == target else full[:0]
+            part = np.ascontiguousarray(part).astype(dtype.as_numpy_dtype)
+            value = part
+        self.mode = mode
+        self.kind = kind
+        self.target_rank = target
+        self.global_shape = global_shape
+        self.rank = ctx.rank
+        self.num_workers = ctx.world_size
+        self.table_name = name
+        with tf.init_scope(), tf.device(ctx.device):
+            super().__init__(initial_value=value, dtype=dtype, name=name, trainable=trainable, **kwargs)
+
+    @staticmethod
+    def _local_rows(kind, target, rows, ctx):
+        if kind == "distributed":
+            return shard_rows(rows, ctx.rank, ctx.world_size)
+        return rows if ctx.rank == target else 0
+
+    @property
+    def is_sok_variable(self) -> bool:
+        return True
+
+    def global_rows_of_shard(self) -> np.ndarray:
+        """The global row ids of this shard's rows, in order."""
+        rows = self.shape[0]
+        if self.kind == "distributed":
+            return np.arange(rows, dtype=np.int64) * self.num_workers + self.rank
+        return np.arange(rows, dtype=np.int64)
+
+    def __repr__(self):
+        return (f"<embedlab.sok.Variable '{self.table_name}' mode={self.mode} rank={self.rank}/{self.num_workers} "
+                f"global_shape={self.global_shape} shard_shape={self.shape.as_list()}\n"
+                f"{np.array2string(self.numpy(), threshold=60)}>")
+
+
+def is_sok_variable(v) -> bool:
+    return bool(getattr(v, "is_sok_variable", False))
