@@ -282,7 +282,8 @@ def main():
     res["date_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes")
     res["machine"] = args.machine
     res["cpus"] = os.cpu_count()
-    path = Path(args.json) if args.json else _out_path(args.mode.replace("-", "_"), args.machine)
+    mode = f"workers{args.n}" if args.mode == "workers" else args.mode.replace("-", "_")
+    path = Path(args.json) if args.json else _out_path(mode, args.machine)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path}")

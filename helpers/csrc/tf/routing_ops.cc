@@ -9,7 +9,7 @@
 #include "tensorflow/core/platform/threadpool.h"
 
 #include "routing.h"
-#include "thread_pool.h"
+#include "tf_pool.h"
 
 namespace tensorflow {
 
@@ -58,18 +58,7 @@ REGISTER_OP("EmbedLabRouteScatter")
 
 namespace {
 
-// TensorFlow's intra-op pool behind embedlab::ThreadPool.
-class TfPool : public embedlab::ThreadPool {
- public:
-  explicit TfPool(thread::ThreadPool* p) : p_(p) {}
-  int num_threads() const override { return p_->NumThreads(); }
-  void parallel_for(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) override {
-    p_->ParallelFor(n, cost, [&](int64_t b, int64_t e) { fn(b, e); });
-  }
-
- private:
-  thread::ThreadPool* p_;
-};
+using embedlab_tf::TfPool;
 
 class RouteBase : public OpKernel {
  public:
@@ -149,7 +138,7 @@ class RouteCountOp : public RouteBase {
     mutex_lock l(mu_);
     std::vector<int64_t> concat;
     if (!Prepare(c, &concat)) return;
-    TfPool pool(c->device()->tensorflow_cpu_worker_threads()->workers);
+    TfPool pool(c);
     const embedlab::RouteStatus st = embedlab::route_count_cpu(args_, &pool);
     Tensor* counts = nullptr;
     Tensor* bad = nullptr;
@@ -197,7 +186,7 @@ class RouteScatterOp : public RouteBase {
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({stride > 0 ? n_ * stride : total}), &send));
     std::vector<Tensor*> inv(T_);
     for (int t = 0; t < T_; ++t) OP_REQUIRES_OK(c, c->allocate_output(1 + t, c->input(t).shape(), &inv[t]));
-    TfPool pool(c->device()->tensorflow_cpu_worker_threads()->workers);
+    TfPool pool(c);
     if (T_ == 1) {
       embedlab::route_scatter_cpu(args_, stride, send->flat<int64_t>().data(), inv[0]->flat<int64_t>().data(), &pool);
     } else {

@@ -1,6 +1,6 @@
 """embedlab.sok in one process (one worker): argument checks, the first-generation layers,
 DynamicVariable against a dict oracle, dump/load and Saver round trips. The multi-worker
-behaviour is in test_multiworker.py."""
+behaviour is in test_sok_multiworker.py."""
 from __future__ import annotations
 
 import numpy as np
