@@ -9,7 +9,7 @@
 #include "tensorflow/core/platform/threadpool.h"
 
 #include "routing.h"
-#include "thread_pool.h"
+#include "tf_pool.h"
 
 namespace tensorflow {
 
@@ -58,18 +58,7 @@ REGISTER_OP("EmbedLabRouteScatter")
 
 namespace {
 
-// TensorFlow's intra-op pool behind embedlab::ThreadPool.
-class TfPool : public embedlab::ThreadPool {
- public:
-  explicit TfPool(thread::ThreadPool* p) : p_(p) {}
-  int num_threads() const override { return p_->NumThreads(); }
-  void parallel_for(int64_t n, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) override {
-    p_->ParallelFor(n, cost, [&](int64_t b, int64_t e) { fn(b, e); });
-  }
-
- private:
-  thread::ThreadPool* p_;
-};
+using embedlab_tf::TfPool;
 
 class RouteBase : public OpKernel {
  public:
