@@ -214,6 +214,13 @@ class ParameterServer:
             st.errors += 1
             return fallback
         try:
+            if st.down_since is not None and which == "volatile" and self._volatile_dirty:
+                # Back from an outage: first forget the rows updated meanwhile (it may hold their
+                # old values), then serve from it.
+                dirty = self._volatile_dirty
+                for name, k in dirty:
+                    tier.erase(name, k)
+                self._volatile_dirty = []
             out = fn()
         except TierUnavailable as e:
             st.errors += 1
@@ -228,13 +235,6 @@ class ParameterServer:
             log.warning("HPS %s tier (%s) is back after %.1f s", which, getattr(tier, "kind", which),
                         time.monotonic() - st.outage_start)
             st.down_since = None
-            if which == "volatile" and self._volatile_dirty:
-                dirty, self._volatile_dirty = self._volatile_dirty, []
-                try:
-                    for name, k in dirty:
-                        tier.erase(name, k)
-                except TierUnavailable:
-                    self._volatile_dirty = dirty
         return out
 
     def _timed_find(self, tier, which, name, keys, out):
