@@ -167,15 +167,16 @@ def test_rows_updated_during_an_outage_are_not_served_stale(tmp_path):
                "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "db")},
                "models": [{"model": "s", "sparse_files": [str(tab.path)], "embedding_vecsize_per_table": [4],
                            "gpucache": False}]}
-        ps = ParameterServer(cfg, retry_seconds=0.1)
+        ps = ParameterServer(cfg, retry_seconds=1.0)
         q = tab.keys[:10]
         assert np.array_equal(ps.lookup("s", 0, q), tab.vectors[:10])
         r.proc.send_signal(signal.SIGSTOP)          # Redis hangs, keeping the old rows
-        new = np.full((10, 4), 7.0, np.float32)
-        ps.update("s", 0, q, new)                   # times out on Redis; RocksDB gets the rows
+        assert np.array_equal(ps.lookup("s", 0, q), tab.vectors[:10])   # times out: RocksDB answers
         assert ps.stats()["tiers"]["volatile"]["available"] is False
+        new = np.full((10, 4), 7.0, np.float32)
+        ps.update("s", 0, q, new)                   # Redis skipped while down; RocksDB gets the rows
         r.proc.send_signal(signal.SIGCONT)          # back, still holding the old rows
-        time.sleep(0.2)
+        time.sleep(1.1)                             # past retry_seconds: Redis is tried again
         assert np.array_equal(ps.lookup("s", 0, q), new)
         assert ps.stats()["tiers"]["volatile"]["available"] is True
         ps.close()
