@@ -80,7 +80,10 @@ class ParameterServer:
 
     A tier that fails at run time (Redis killed) is logged once, counted in ``stats()``, and
     skipped: lookups go on from the tiers that remain. It is retried after ``retry_seconds`` and
-    logged again when it is back. A tier that cannot be set up at start-up (an unreadable RocksDB
+    logged again when it is back; rows updated while it was down are erased from it before it
+    serves again (it may still hold their old values), and background cache insertions queued
+    before an ``update`` / ``refresh`` are dropped, so no lookup returns a row older than the
+    last update. A tier that cannot be set up at start-up (an unreadable RocksDB
     path, Redis unreachable) raises :class:`~embedlab.hps.tiers.TierError` naming it.
 
     Args:
