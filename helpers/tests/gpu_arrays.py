@@ -55,6 +55,7 @@ class Device:
 
     def full(self, shape, value, dtype):
         """A device array of `shape` filled with `value` (a poison value, so unwritten cells show)."""
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (int(shape),)
         if self.name == "torch":
             return self.t.full(shape, value, dtype=getattr(self.t, np.dtype(dtype).name), device="cuda")
         return self.cp.full(shape, value, dtype=dtype)
