@@ -80,7 +80,10 @@ class ParameterServer:
 
     A tier that fails at run time (Redis killed) is logged once, counted in ``stats()``, and
     skipped: lookups go on from the tiers that remain. It is retried after ``retry_seconds`` and
-    logged again when it is back. A tier that cannot be set up at start-up (an unreadable RocksDB
+    logged again when it is back; rows updated while it was down are erased from it before it
+    serves again (it may still hold their old values), and background cache insertions queued
+    before an ``update`` / ``refresh`` are dropped, so no lookup returns a row older than the
+    last update. A tier that cannot be set up at start-up (an unreadable RocksDB
     path, Redis unreachable) raises :class:`~embedlab.hps.tiers.TierError` naming it.
 
     Args:
@@ -214,6 +217,13 @@ class ParameterServer:
             st.errors += 1
             return fallback
         try:
+            if st.down_since is not None and which == "volatile" and self._volatile_dirty:
+                # Back from an outage: first forget the rows updated meanwhile (it may hold their
+                # old values), then serve from it.
+                dirty = self._volatile_dirty
+                for name, k in dirty:
+                    tier.erase(name, k)
+                self._volatile_dirty = []
             out = fn()
         except TierUnavailable as e:
             st.errors += 1
@@ -228,13 +238,6 @@ class ParameterServer:
             log.warning("HPS %s tier (%s) is back after %.1f s", which, getattr(tier, "kind", which),
                         time.monotonic() - st.outage_start)
             st.down_since = None
-            if which == "volatile" and self._volatile_dirty:
-                dirty, self._volatile_dirty = self._volatile_dirty, []
-                try:
-                    for name, k in dirty:
-                        tier.erase(name, k)
-                except TierUnavailable:
-                    self._volatile_dirty = dirty
         return out
 
     def _timed_find(self, tier, which, name, keys, out):

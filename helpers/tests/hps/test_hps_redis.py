@@ -154,3 +154,32 @@ def test_local_redis_is_loopback_only_with_a_password(redis_server):
     import redis
     with pytest.raises(redis.AuthenticationError):
         redis.Redis(host="127.0.0.1", port=redis_server.port, password="not-it").ping()
+
+
+def test_rows_updated_during_an_outage_are_not_served_stale(tmp_path):
+    import signal
+
+    from embedlab.hps.redis import start_redis
+    r = start_redis()
+    try:
+        tab = Table(tmp_path / "t", n=200, dim=4)
+        cfg = {"volatile_db": {"type": "redis_cluster", "address": r.address, "password": r.password},
+               "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "db")},
+               "models": [{"model": "s", "sparse_files": [str(tab.path)], "embedding_vecsize_per_table": [4],
+                           "gpucache": False}]}
+        ps = ParameterServer(cfg, retry_seconds=1.0)
+        q = tab.keys[:10]
+        assert np.array_equal(ps.lookup("s", 0, q), tab.vectors[:10])
+        r.proc.send_signal(signal.SIGSTOP)          # Redis hangs, keeping the old rows
+        assert np.array_equal(ps.lookup("s", 0, q), tab.vectors[:10])   # times out: RocksDB answers
+        assert ps.stats()["tiers"]["volatile"]["available"] is False
+        new = np.full((10, 4), 7.0, np.float32)
+        ps.update("s", 0, q, new)                   # Redis skipped while down; RocksDB gets the rows
+        r.proc.send_signal(signal.SIGCONT)          # back, still holding the old rows
+        time.sleep(1.1)                             # past retry_seconds: Redis is tried again
+        assert np.array_equal(ps.lookup("s", 0, q), new)
+        assert ps.stats()["tiers"]["volatile"]["available"] is True
+        ps.close()
+    finally:
+        r.proc.send_signal(signal.SIGCONT)
+        r.stop()

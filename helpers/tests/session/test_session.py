@@ -12,7 +12,7 @@ import tensorflow as tf
 from embedlab.session import (DenseModelError, EmbeddingKeyError, FormatError, Session, auc,
                               solver_parser_helper)
 
-from conftest import dump, wdl_json, write_lists
+from sessionlib import dump, wdl_json, write_lists
 
 DATA = Path(__file__).parent / "data"
 
