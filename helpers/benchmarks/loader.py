@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ except ImportError:
     sys.path.insert(0, str(HERE.parent))
 
 from embedlab import config  # noqa: E402
-from embedlab.data import ParquetLoader, criteo, formats  # noqa: E402
+from embedlab.data import ParquetLoader, criteo, formats, memory  # noqa: E402
 
 BYTES_PER_ROW = 4 + 13 * 4 + 28 * 8   # label + I1..I13 float32 + C1..C26 + 2 crosses int64
 
@@ -66,34 +65,11 @@ def _time_interleaved(pipelines, repeats):
 
 
 def _memory_child(path, batch, buffer_rows):
-    """Run one loader epoch in a fresh interpreter; return its RSS numbers in MiB."""
-    code = f"""
-import os, sys, json
-try:
-    import embedlab
-except ImportError:
-    sys.path.insert(0, {str(HERE.parent)!r})
-import psutil, tensorflow as tf
-from embedlab.data import ParquetLoader
-proc = psutil.Process()
-tf.constant(1.0)
-base = proc.memory_info().rss
-ld = ParquetLoader({str(path)!r}, {batch}, buffer_rows={buffer_rows}, seed=0)
-peak_sampled = 0
-rows = 0
-for x, y in ld:
-    rows += int(y.shape[0])
-    peak_sampled = max(peak_sampled, proc.memory_info().rss)
-# VmHWM: this process's peak RSS (ru_maxrss would also count the parent before exec).
-hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
-print(json.dumps(dict(rows=rows, base=base / 2**20, peak=hwm / 2**20,
-                      sampled=peak_sampled / 2**20)))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    if out.returncode:
-        raise RuntimeError(out.stderr[-3000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    """One loader epoch in a fresh interpreter (embedlab.data.memory.peak_rss); RSS in MiB.
+    `base` is the process after importing the loader (Keras and TensorFlow), `peak` its VmHWM."""
+    rows, mem = memory.peak_rss(memory.loader_epoch, str(path), batch, buffer_rows=buffer_rows, seed=0,
+                                preload=("embedlab.data.loader",))
+    return dict(rows=rows, base=mem.base_mib, peak=mem.peak_mib)
 
 
 def main(argv=None):
