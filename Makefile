@@ -105,6 +105,13 @@ lab: setup
 bench: setup
 	$(PY) helpers/benchmarks/lookup_cpu.py
 	$(PY) helpers/benchmarks/loader.py
+	$(PY) helpers/benchmarks/hash_table.py
+	$(PY) helpers/benchmarks/hps.py
+	$(PY) helpers/benchmarks/session.py
+	$(PY) helpers/benchmarks/sok.py
+	# serving.py serves notebook 05's export: run notebook 05 (make run) first.
+	if [ -f "$${EMBEDLAB_DATA_DIR:-data/cache}/hps_triton/serving.json" ]; then $(PY) helpers/benchmarks/serving.py; \
+	else echo "serving.py skipped: no notebook-05 export under $${EMBEDLAB_DATA_DIR:-data/cache}/hps_triton (make run first)"; fi
 	if $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
 	  $(PY) helpers/benchmarks/lookup_gpu.py; \
 	else echo "lookup_gpu.py skipped: no PyTorch with a CUDA device in $(VENV) (see its docstring)"; fi
