@@ -164,7 +164,9 @@ class ModelOversubscriber:
             if not Path(f).is_file():
                 raise FileNotFoundError(f"ModelOversubscriber.update: keyset file {f} does not exist")
             parts.append(read_keyset(f, key_type=kt).astype(np.int64))
-        keys = np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+        keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            keys = np.unique(keys)
         hashes = [e for e in self._s.embeddings if e.oversub]
         total_cap = sum(e.capacity for e in hashes)
         if len(keys) > total_cap:
