@@ -17,96 +17,20 @@ import numpy as np
 import pytest
 
 import reference as ref
-
-
-def _load_core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):  # a standalone cmake build on PYTHONPATH
-        import _embedlab_core
-        return _embedlab_core
-    try:
-        from embedlab import _native
-        return _native.core()
-    except Exception:  # the device machine builds the module standalone, outside the package
-        import _embedlab_core
-        return _embedlab_core
+from gpu_arrays import find_device, load_core
 
 
 try:
-    core = _load_core()
+    core = load_core()
+    _LOAD_ERROR = ""
 except Exception as e:  # pragma: no cover - reported as the skip reason
-    core = None
-    _LOAD_ERROR = str(e)
-
-
-class _Torch:
-    name = "torch"
-
-    def __init__(self):
-        import torch
-        self.t = torch
-
-    def available(self):
-        return self.t.cuda.is_available()
-
-    def put(self, a):
-        return self.t.from_numpy(np.ascontiguousarray(a)).cuda()
-
-    def get(self, x):
-        self.t.cuda.synchronize()
-        return x.cpu().numpy()
-
-    def nan(self, shape):
-        return self.t.full(shape, float("nan"), dtype=self.t.float32, device="cuda")
-
-    def empty_i64(self, n):
-        return self.t.full((n,), -7, dtype=self.t.int64, device="cuda")
-
-    def stream(self):
-        return self.t.cuda.current_stream().cuda_stream
-
-
-class _Cupy:
-    name = "cupy"
-
-    def __init__(self):
-        import cupy
-        self.cp = cupy
-
-    def available(self):
-        return self.cp.cuda.runtime.getDeviceCount() > 0
-
-    def put(self, a):
-        return self.cp.asarray(np.ascontiguousarray(a))
-
-    def get(self, x):
-        self.cp.cuda.get_current_stream().synchronize()
-        return self.cp.asnumpy(x)
-
-    def nan(self, shape):
-        return self.cp.full(shape, np.nan, dtype=np.float32)
-
-    def empty_i64(self, n):
-        return self.cp.full((n,), -7, dtype=np.int64)
-
-    def stream(self):
-        return self.cp.cuda.get_current_stream().ptr
+    core, _LOAD_ERROR = None, str(e)
 
 
 def _device():
     if core is None:
         return None, f"cannot import _embedlab_core: {_LOAD_ERROR}"
-    if not getattr(core, "cuda_built", False):
-        return None, "_embedlab_core was built without CUDA (cuda_built is False)"
-    if core.cuda_device_count() == 0:
-        return None, "no CUDA device visible"
-    for cls in (_Torch, _Cupy):
-        try:
-            d = cls()
-            if d.available():
-                return d, ""
-        except Exception:
-            continue
-    return None, "neither PyTorch nor CuPy with CUDA is importable"
+    return find_device(core, "cuda_device_count")
 
 
 DEV, _SKIP = _device()
@@ -149,9 +73,9 @@ def cuda_forward(tables, offs, keys, weights, combiners, check=True):
 
 def cuda_backward(offsets, keys, weights, combiner, dy, num_rows):
     nnz, dim = len(keys), dy.shape[1]
-    uk = DEV.empty_i64(max(nnz, 1))
+    uk = DEV.full(max(nnz, 1), -7, np.int64)
     rows = DEV.nan((max(nnz, 1), dim))
-    nu = DEV.empty_i64(1)
+    nu = DEV.full(1, -7, np.int64)
     core.lookup_backward_cuda(DEV.put(offsets), DEV.put(keys), None if weights is None else DEV.put(weights),
                               combiner, DEV.put(dy), num_rows, uk, rows, nu, stream=DEV.stream())
     n = int(DEV.get(nu)[0])

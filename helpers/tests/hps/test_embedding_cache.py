@@ -190,6 +190,11 @@ def test_dynamic_cache_matches_model(rng, ways, dim, num_threads):
             check_lookup(cache, model, keys)
         assert cache.size() == model.size() <= cache.capacity
         check_lookup(cache, model, random_keys(rng, 500, universe))
+    # The random ops may never have overfilled a set: one insert of more keys than the capacity does.
+    keys = random_keys(rng, 4 * cache.capacity, universe)
+    values = rng.standard_normal((len(keys), dim)).astype(np.float32)
+    assert cache.insert(keys, values) == model.insert(keys, values)[0]
+    check_lookup(cache, model, random_keys(rng, 500, universe))
     st = cache.stats()
     assert st["hits"] + st["misses"] > 0 and st["evictions"] > 0
     cache.clear()

@@ -12,94 +12,27 @@ Skipped, with the reason, when the module was built without CUDA, when neither P
 is importable, or when no GPU is visible.
 """
 import os
+import sys
 import time
 
 import numpy as np
 import pytest
 
-
-def _load_core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):  # a standalone cmake build on PYTHONPATH
-        import _embedlab_core
-        return _embedlab_core
-    try:
-        from embedlab import _native
-        return _native.core()
-    except Exception:  # the device machine builds the module standalone, outside the package
-        import _embedlab_core
-        return _embedlab_core
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helpers/tests
+from gpu_arrays import find_device, load_core  # noqa: E402
 
 
 try:
-    core = _load_core()
+    core = load_core()
     _LOAD_ERROR = ""
 except Exception as e:  # pragma: no cover - reported as the skip reason
     core, _LOAD_ERROR = None, str(e)
 
 
-class _Torch:
-    def __init__(self):
-        import torch
-        self.t = torch
-
-    def available(self):
-        return self.t.cuda.is_available()
-
-    def put(self, a):
-        return self.t.from_numpy(np.ascontiguousarray(a)).cuda()
-
-    def get(self, x):
-        self.t.cuda.synchronize()
-        return x.cpu().numpy()
-
-    def nan(self, shape):
-        return self.t.full(shape, float("nan"), dtype=self.t.float32, device="cuda")
-
-    def zeros_u8(self, n):
-        return self.t.full((n,), 7, dtype=self.t.uint8, device="cuda")
-
-    def stream(self):
-        return self.t.cuda.current_stream().cuda_stream
-
-
-class _Cupy:
-    def __init__(self):
-        import cupy
-        self.cp = cupy
-
-    def available(self):
-        return self.cp.cuda.runtime.getDeviceCount() > 0
-
-    def put(self, a):
-        return self.cp.asarray(np.ascontiguousarray(a))
-
-    def get(self, x):
-        self.cp.cuda.get_current_stream().synchronize()
-        return self.cp.asnumpy(x)
-
-    def nan(self, shape):
-        return self.cp.full(shape, np.nan, dtype=np.float32)
-
-    def zeros_u8(self, n):
-        return self.cp.full((n,), 7, dtype=np.uint8)
-
-    def stream(self):
-        return self.cp.cuda.get_current_stream().ptr
-
-
 def _device():
     if core is None:
         return None, f"cannot import _embedlab_core: {_LOAD_ERROR}"
-    if not getattr(core, "cuda_built", False) or not hasattr(core, "CudaEmbeddingCache"):
-        return None, "_embedlab_core was built without CUDA (no CudaEmbeddingCache)"
-    for cls in (_Torch, _Cupy):
-        try:
-            d = cls()
-            if d.available():
-                return d, ""
-        except Exception:
-            continue
-    return None, "no CUDA device visible through PyTorch or CuPy"
+    return find_device(core, "CudaEmbeddingCache")
 
 
 DEV, _SKIP = _device()
@@ -137,7 +70,7 @@ def value_of(keys, version, dim):
 
 def gpu_lookup(cache, keys):
     out = DEV.nan((len(keys), cache.dim))
-    mask = DEV.zeros_u8(len(keys))
+    mask = DEV.full(len(keys), 7, np.uint8)
     d_keys = DEV.put(keys)
     cache.lookup_mask(d_keys, out, mask, stream=DEV.stream())
     out_mask = DEV.get(out)
