@@ -492,8 +492,10 @@ class Embedding:
         srows = self.store.rows_for(keys, slots, init=False)      # every row is written below
         for a in range(0, n, _CHUNK):
             b = min(a + _CHUNK, n)
-            vals = self.table[a:b].numpy()
-            st = (np.concatenate([s[a:b].numpy() for s in self.slots], axis=1) if self.slots
+            # sparse_read of a row range: `var[a:b]` would read (copy) the whole table first
+            idx = tf.range(a, b, dtype=tf.int64)
+            vals = self.table.sparse_read(idx).numpy()
+            st = (np.concatenate([s.sparse_read(idx).numpy() for s in self.slots], axis=1) if self.slots
                   else np.zeros((b - a, 0), np.float32))
             self.store.scatter(srows[a:b], vals, st)
             moved += vals.nbytes + st.nbytes
@@ -503,7 +505,9 @@ class Embedding:
     def load_keyset(self, keys, keyset_names):
         """Writes back the previous pass and loads this embedding's rows of `keys`. Returns bytes moved."""
         moved = self.write_back()
-        keys = np.unique(np.asarray(keys, np.int64))
+        keys = np.asarray(keys, np.int64)
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):   # keysets come sorted and unique
+            keys = np.unique(keys)
         srows = self.store.find(keys)
         have = srows >= 0
         known, krows = keys[have], srows[have]

@@ -123,6 +123,19 @@ def auc(labels, scores) -> float:
     return float((ranks[labels].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
+def _fixed_mmap_threshold(nbytes: int = 1 << 20):
+    """Makes glibc serve allocations >= nbytes with their own mappings, returned to the OS when
+    freed. glibc's default threshold rises to the largest block freed so far, after which the
+    reader's per-file temporaries (tens of MB) stay in the heap and the resident set creeps up
+    pass after pass; with oversubscription the resident set must track the working set.
+    Process-wide (mallopt M_MMAP_THRESHOLD); glibc only, a no-op elsewhere."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes))
+    except (OSError, AttributeError):
+        pass
+
+
 def _malloc_trim():
     """Gives the heap memory freed by a pass switch (and by the reader thread's arena) back to
     the OS, so that the resident set tracks the working set (glibc only; a no-op elsewhere)."""
@@ -164,7 +177,9 @@ class ModelOversubscriber:
             if not Path(f).is_file():
                 raise FileNotFoundError(f"ModelOversubscriber.update: keyset file {f} does not exist")
             parts.append(read_keyset(f, key_type=kt).astype(np.int64))
-        keys = np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+        keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+            keys = np.unique(keys)
         hashes = [e for e in self._s.embeddings if e.oversub]
         total_cap = sum(e.capacity for e in hashes)
         if len(keys) > total_cap:
@@ -211,6 +226,8 @@ class Session:
                     raise ModelError(f"{spec.path}: embedding {e.name!r} is one-hot; model oversubscription "
                                      "applies to hash embeddings")
         self.temp_embedding_dir = str(temp_embedding_dir)
+        if self.oversub:
+            _fixed_mmap_threshold()
         self.compute_dtype = tf.float16 if s.use_mixed_precision else tf.float32
         solver_clause = spec.solver or {}
         self.max_eval_batches = s.max_eval_batches or solver_clause.get("eval_batches")
