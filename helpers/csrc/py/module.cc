@@ -244,6 +244,10 @@ void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const st
 
 NB_MODULE(_embedlab_core, m) {
   m.doc() = "EmbedLab core kernels without TensorFlow (see embedlab._native.core())";
+  // Objects of this module (hash tables, caches) are often still referenced from TensorFlow's or
+  // the Triton stub's own teardown when the interpreter shuts down; nanobind would then print a
+  // "leaked instance/function" report at every exit that says nothing about the program.
+  nb::set_leak_warnings(false);
   m.def("lookup_forward", &lookup_forward, nb::arg("tables"), nb::arg("row_offsets"), nb::arg("keys"),
         nb::arg("weights").none(), nb::arg("combiners"), nb::arg("outs"), nb::arg("num_threads") = 0,
         "Fused pooled lookup of several tables into preallocated outs[t] of shape [batch_t, dim_t].");
