@@ -22,7 +22,7 @@ from the table (untimed), times its lookups of w.queries with time_calls(), chec
 against w.values (exact), and returns result rows made by result(...). Each row is one
 implementation; the baselines are tiers of their own ("baseline").
 
-Prints a table and writes JSON to helpers/benchmarks/results/hps_<cpu>_<date>.json (or --out).
+Prints a table and writes JSON to helpers/benchmarks/results/hps_<machine>_<date>T<time>Z.json (or --out).
 """
 from __future__ import annotations
 
@@ -152,6 +152,7 @@ TIERS = {"baseline": tier_baseline, "cache": tier_cache, "hash_map": tier_hash_m
 # The database tiers (redis with its redis-benchmark and GET-loop baselines, rocks_db): hps_db.py.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hps_db  # noqa: E402
+from _results import cpu_machine, default_out  # noqa: E402
 TIERS.update(hps_db.make_tiers(time_calls, result, check_rows))
 
 
@@ -197,7 +198,7 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="native threads (0 = all cores)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="", help="JSON path (default: results/hps_<cpu>_<date>.json)")
+    p.add_argument("--out", default="", help="JSON path (default: results/hps_<machine>_<date>T<time>Z.json)")
     args = p.parse_args()
     rng = np.random.default_rng(args.seed)
     rows = []
@@ -225,8 +226,7 @@ def main():
     res = {"benchmark": "hps", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "command": " ".join([Path(sys.executable).name] + sys.argv), "cpu": cpu_name(),
            "cores": os.cpu_count(), "load_average_at_end": os.getloadavg(), "args": vars(args), "rows": rows}
-    out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / (
-        f"hps_{cpu_name().split()[0].lower()}_{datetime.date.today().isoformat()}.json")
+    out = Path(args.out) if args.out else default_out("hps", cpu_machine())
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))
     print(f"wrote {out}")

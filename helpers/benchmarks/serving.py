@@ -178,9 +178,9 @@ def main(argv=None) -> int:
     print(f"machine load (1-min average): {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end, "
           f"on {os.cpu_count()} cores")
 
-    date = datetime.date.today().isoformat()
-    machine = f"{platform.machine()}_{os.cpu_count()}cpu"
-    out = args.out or HERE / "results" / f"serving_{machine}_{date}.json"
+    sys.path.insert(0, str(HERE))
+    from _results import cpu_machine, default_out
+    out = args.out or default_out("serving", cpu_machine())
     out.parent.mkdir(parents=True, exist_ok=True)
     load1 = os.getloadavg()[0]
     res = {"machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "loadavg_1min_at_start": load_start, "loadavg_1min_at_end": load1,
