@@ -43,6 +43,28 @@ def _check_rows(keys: np.ndarray, values: np.ndarray, dim: int, what: str) -> np
 
 # ---- tiers over EmbedLab's native kernels ---------------------------------------------------
 
+def _scatter_values(vals, rows: np.ndarray, dim: int, out: np.ndarray, found: np.ndarray) -> int:
+    """Writes the byte values `vals` (None = absent) of a database's multi-get into out[rows].
+
+    A value must be exactly `dim` little-endian float32s; one of another length is a miss and is
+    counted, never returned as a vector. Returns the number of wrong-length values.
+    """
+    want = 4 * dim
+    lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
+    ok = lens == want
+    bad = int(np.count_nonzero((lens >= 0) & ~ok))
+    if ok.all():
+        buf = b"".join(vals)
+    elif ok.any():
+        buf = b"".join([v for v, o in zip(vals, ok) if o])
+    else:
+        return bad
+    hit = rows[ok]
+    out[hit] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
+    found[hit] = True
+    return bad
+
+
 class CacheTier:
     """The embedding cache (``csrc/core/embedding_cache.h``): set-associative, one per table.
 
@@ -247,18 +269,7 @@ class RedisTier:
                 return pipe.execute()
             replies = self._run(go)
             for (p, pos), vals in zip(group, replies):
-                lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
-                ok = lens == want
-                bad += int(np.count_nonzero((lens >= 0) & ~ok))
-                if ok.all():
-                    buf = b"".join(vals)
-                elif ok.any():
-                    buf = b"".join([v for v, o in zip(vals, ok) if o])
-                else:
-                    continue
-                rows = pos[ok]
-                out[rows] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
-                found[rows] = True
+                bad += _scatter_values(vals, pos, dim, out, found)
         if bad:
             self.bad_values += bad
             if table not in self._bad_logged:
@@ -410,7 +421,6 @@ class RocksDBTier:
 
     def find(self, table, keys, out):
         dim = self._dims[table]
-        want = 4 * dim
         cf = self._cfs[table]
         n = keys.shape[0]
         found = np.zeros(n, dtype=bool)
@@ -421,19 +431,7 @@ class RocksDBTier:
         batch = self._cfg.max_batch_size
         bad = 0
         for s in range(0, n, batch):
-            vals = cf.get(kl[s:s + batch])
-            lens = np.fromiter((-1 if v is None else len(v) for v in vals), np.int64, len(vals))
-            ok = lens == want
-            bad += int(np.count_nonzero((lens >= 0) & ~ok))
-            if ok.all():
-                buf = b"".join(vals)
-            elif ok.any():
-                buf = b"".join([v for v, o in zip(vals, ok) if o])
-            else:
-                continue
-            rows = order[s + np.flatnonzero(ok)]
-            out[rows] = np.frombuffer(buf, dtype="<f4").reshape(-1, dim)
-            found[rows] = True
+            bad += _scatter_values(cf.get(kl[s:s + batch]), order[s:s + batch], dim, out, found)
         if bad:
             self.bad_values += bad
             log.warning("HPS rocks_db tier: %d value(s) of the wrong length in %s; treated as misses", bad, table)
