@@ -69,6 +69,17 @@ class Device:
         return self.cp.cuda.get_current_stream().ptr
 
 
+def core_and_device(needs: str = "cuda_device_count"):
+    """(core, Device, "") where the module loads, has CUDA kernels (attribute `needs`) and a GPU
+    is visible; otherwise the Device is None and the string is the reason to skip."""
+    try:
+        core = load_core()
+    except Exception as e:  # reported as the skip reason
+        return None, None, f"cannot import _embedlab_core: {e}"
+    dev, reason = find_device(core, needs)
+    return core, dev, reason
+
+
 def find_device(core, needs: str = "cuda_device_count"):
     """(Device, "") where `core` has CUDA kernels (attribute `needs`) and a GPU is visible, else (None, reason)."""
     if core is None:

@@ -17,23 +17,10 @@ import numpy as np
 import pytest
 
 import reference as ref
-from gpu_arrays import find_device, load_core
+from gpu_arrays import core_and_device
 
 
-try:
-    core = load_core()
-    _LOAD_ERROR = ""
-except Exception as e:  # pragma: no cover - reported as the skip reason
-    core, _LOAD_ERROR = None, str(e)
-
-
-def _device():
-    if core is None:
-        return None, f"cannot import _embedlab_core: {_LOAD_ERROR}"
-    return find_device(core, "cuda_device_count")
-
-
-DEV, _SKIP = _device()
+core, DEV, _SKIP = core_and_device("cuda_device_count")
 pytestmark = pytest.mark.skipif(DEV is None, reason=_SKIP or "no GPU")
 
 SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
