@@ -22,10 +22,7 @@ class PyEmbeddingCache {
  public:
   PyEmbeddingCache(int64_t capacity, int64_t dim, int ways, bool is_static, int num_threads) {
     const char* fn = "EmbeddingCache";
-    if (capacity < 1) fail(fn, "capacity must be >= 1, got " + std::to_string(capacity));
-    if (dim < 1) fail(fn, "dim must be >= 1, got " + std::to_string(dim));
-    if (ways < 1 || ways > kEmbeddingCacheMaxWays)
-      fail(fn, "ways must be in [1, " + std::to_string(kEmbeddingCacheMaxWays) + "], got " + std::to_string(ways));
+    check_cache_args(fn, capacity, dim, ways);
     if (num_threads < 0) fail(fn, "num_threads must be >= 0 (0 = all cores), got " + std::to_string(num_threads));
     cache_ = std::make_unique<EmbeddingCacheCpu>(capacity, dim, ways, is_static);
     pool_ = shared_pool(num_threads);

@@ -57,10 +57,7 @@ class PyCudaEmbeddingCache {
  public:
   PyCudaEmbeddingCache(int64_t capacity, int64_t dim, int ways, bool is_static, int device) {
     const char* fn = "CudaEmbeddingCache";
-    if (capacity < 1) fail(fn, "capacity must be >= 1, got " + std::to_string(capacity));
-    if (dim < 1) fail(fn, "dim must be >= 1, got " + std::to_string(dim));
-    if (ways < 1 || ways > kEmbeddingCacheMaxWays)
-      fail(fn, "ways must be in [1, " + std::to_string(kEmbeddingCacheMaxWays) + "], got " + std::to_string(ways));
+    check_cache_args(fn, capacity, dim, ways);
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

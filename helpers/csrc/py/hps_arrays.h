@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "embedding_cache.h"
 #include "thread_pool.h"
 
 namespace embedlab_py {
@@ -110,6 +111,15 @@ nb::ndarray<nb::numpy, T> from_vector(std::vector<T>&& v, std::vector<size_t> sh
 
 // One std::thread pool per thread count, shared by every HPS object of the process (created on
 // first use, never destroyed: worker threads must not be joined during interpreter shutdown).
+// The constructor arguments every EmbeddingCache binding (CPU and CUDA) checks first.
+inline void check_cache_args(const char* fn, int64_t capacity, int64_t dim, int ways) {
+  if (capacity < 1) fail(fn, "capacity must be >= 1, got " + std::to_string(capacity));
+  if (dim < 1) fail(fn, "dim must be >= 1, got " + std::to_string(dim));
+  if (ways < 1 || ways > embedlab::kEmbeddingCacheMaxWays)
+    fail(fn, "ways must be in [1, " + std::to_string(embedlab::kEmbeddingCacheMaxWays) + "], got " +
+                 std::to_string(ways));
+}
+
 inline embedlab::ThreadPool* shared_pool(int num_threads) {
   static std::mutex mu;
   static auto* pools = new std::map<int, embedlab::ThreadPool*>();
