@@ -149,7 +149,10 @@ def tier_walk(sparse_dir, stream, workdir=None, gpucacheper: float = 0.05, kill_
                 r.start()
                 return "redis restarted (empty)"
             return None
-        with ParameterServer(cfg, retry_seconds=0.05) as ps:
+        # retry_seconds=0: every lookup tries Redis again while it is down (a refused connection
+        # costs well under a millisecond here), so the first lookup after the restart finds it
+        # back, however fast the batches go. A server would wait longer between tries.
+        with ParameterServer(cfg, retry_seconds=0.0) as ps:
             runs.append(run_stream("cache -> Redis -> RocksDB" if use_native else "Redis -> RocksDB",
                                    ps, "walk", stream, vecs, key_to_row, on_batch))
     finally:

@@ -310,23 +310,34 @@ class TritonServer:
         except OSError:
             return ""
 
+    def _metrics_enabled(self) -> bool:
+        return not any(a.replace(" ", "") in ("--allow-metrics=false", "--allow-metrics=0")
+                       for a in self.extra_args)
+
     def _wait_ready(self) -> None:
-        url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+        """Waits for `/v2/health/ready` and then for the metrics endpoint: tritonserver starts
+        its metrics service after the HTTP one, so a ready server can still refuse a metrics
+        request for a moment."""
+        urls = [f"http://127.0.0.1:{self.http_port}/v2/health/ready"]
+        if self._metrics_enabled():
+            urls.append(self.metrics_url)
         deadline = time.monotonic() + self.ready_timeout_s
-        while True:
+        while urls:
             rc = self.process.poll()
             if rc is not None:
                 raise TritonServerError(self._failure_message(f"tritonserver exited with status {rc} "
                                                               "during start-up"))
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as r:
+                with urllib.request.urlopen(urls[0], timeout=1.0) as r:
                     if r.status == 200:
-                        return
+                        urls.pop(0)
+                        continue
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             if time.monotonic() > deadline:
+                what = "serving metrics" if urls[0] == self.metrics_url else "ready"
                 raise TritonServerError(self._failure_message(
-                    f"tritonserver was not ready within {self.ready_timeout_s:.0f} s"))
+                    f"tritonserver was not {what} within {self.ready_timeout_s:.0f} s"))
             time.sleep(0.05)
 
     def _failure_message(self, head: str) -> str:

@@ -43,7 +43,10 @@ def test_identity_ensemble_start_infer_stop(tmp_path, rng):
     repo = write_identity_repository(tmp_path / "identity", keys_per_sample=SLOTS, max_batch_size=MAX_BATCH)
     s = TritonServer(repo, log_file=tmp_path / "identity.log")
     with s:
+        # start() returns once every endpoint answers, the metrics one included (tritonserver
+        # opens it after HTTP).
         assert s.running() and _port_open(s.http_port) and _port_open(s.grpc_port)
+        assert _port_open(s.metrics_port)
         keys = random_keys(rng, 5)
         for protocol in ("http", "grpc"):
             with client_for(s, protocol) as c:
