@@ -14,7 +14,8 @@ popularity over a random ranking of the keys (``zipf``), are looked up through t
 * ``redis GET loop``: a Python loop of single ``GET`` calls through redis-py (what a client
   without batching does);
 * ``rocksdb tier``: ``RocksDBTier.find`` (rocksdict multi-get of ``max_batch_size`` keys on one
-  column family).
+  column family), after the table was written the way the ParameterServer loads it (a bulk
+  insert, which ends with a flush and a compaction).
 
 Each figure is the median of ``--repeats`` passes, in keys per second; the four measurements are
 interleaved within each pass (load from other processes hits them alike). The Redis and RocksDB
@@ -126,7 +127,7 @@ def tier_results(dims=(16, 128), rows=262144, batch=65536, repeats=3, mget_keys=
             rocks = RocksDBTier(PersistentDBConfig(type="rocks_db", path=str(work / f"rocks{dim}"), max_batch_size=65536))
             rocks.add_table(name, dim)
             t0 = time.perf_counter()
-            rocks.insert(name, keys, vecs)
+            rocks.insert(name, keys, vecs, bulk=True)     # as the ParameterServer loads a table
             rocks_fill_s = time.perf_counter() - t0
             idx = rng.integers(0, len(keys), get_loop_keys)
             names = [f"key:{i:012d}" for i in idx]
@@ -228,7 +229,7 @@ def make_tiers(time_calls, result, check_rows) -> dict:
         try:
             tier = RocksDBTier(PersistentDBConfig(type="rocks_db", path=str(work / "db"), max_batch_size=65536))
             tier.add_table("hps_et.bench.t", w.dim)
-            tier.insert("hps_et.bench.t", w.keys, w.values)
+            tier.insert("hps_et.bench.t", w.keys, w.values, bulk=True)   # as the ParameterServer loads it
             out = np.empty((w.batch, w.dim), np.float32)
             if len(tier.find("hps_et.bench.t", w.queries[0], out)):
                 raise SystemExit("hps benchmark: rocks_db lost rows")

@@ -169,7 +169,7 @@ class ParameterServer:
                     self._volatile_dirty.append((name, keys.copy()))
             pc = self.config.persistent_db
             if self.persistent is not None and not self.persistent.read_only and (pc.initialize_after_startup or reload):
-                self.persistent.insert(name, keys, vecs)
+                self.persistent.insert(name, keys, vecs, bulk=True)
             if cache is not None:
                 if m.embedding_cache_type == "static" and not reload:
                     cache.insert(name, keys, vecs)

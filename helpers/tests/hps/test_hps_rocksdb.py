@@ -43,6 +43,31 @@ def test_rocksdb_tier_against_oracle(tmp_path):
     assert set(rocksdict.Rdict.list_cf(str(tmp_path / "db"), rocksdict.Options(raw_mode=True))) >= set(tabs)
 
 
+def test_bulk_insert_leaves_one_compacted_run(tmp_path):
+    """A bulk insert (the ParameterServer's load) flushes and compacts the table: nothing left in
+    the memtables or level 0, every row still exact, and later small writes still win."""
+    rng = np.random.default_rng()
+    tab = Table(tmp_path / "t", n=5000, dim=16, rng=rng)
+    t = _tier(tmp_path / "db", max_batch_size=1000)
+    t.add_table("x", tab.dim)
+    t.insert("x", tab.keys[:2500], tab.vectors[:2500])              # a first load ...
+    t.insert("x", tab.keys, tab.vectors, bulk=True)                 # ... overwritten by the bulk one
+    cf = t._cfs["x"]
+    assert int(cf.property_value("rocksdb.num-files-at-level0")) == 0
+    assert int(cf.property_value("rocksdb.num-entries-active-mem-table")) == 0
+    q = tab.query(3000, absent=100)
+    out = np.full((len(q), tab.dim), np.nan, np.float32)
+    missing = t.find("x", q, out)
+    present = np.array([int(k) in tab.oracle for k in q])
+    assert np.array_equal(missing, np.flatnonzero(~present))
+    assert np.array_equal(out[present], tab.expect(q)[present])
+    new = rng.standard_normal((5, tab.dim)).astype(np.float32)
+    t.insert("x", tab.keys[:5], new)
+    out = np.zeros((5, tab.dim), np.float32)
+    assert t.find("x", tab.keys[:5], out).size == 0 and np.array_equal(out, new)
+    t.close()
+
+
 def test_read_only_reopen_and_wrong_length_value(tmp_path):
     tab = Table(tmp_path / "t", n=300, dim=4)
     t = _tier(tmp_path / "db")
