@@ -12,7 +12,8 @@ model-oversubscription pass switch.
 
     python helpers/benchmarks/session.py [--rows 200000] [--batch 2048] [--out results/]
 
-Prints a table and writes `helpers/benchmarks/results/session_<machine>_<date>.json` (+ a PNG of RSS).
+Prints a table and writes `helpers/benchmarks/results/session_<machine>_<date>T<time>Z.json`
+(`session_oversub_...` with `--skip-throughput`), and a PNG of RSS next to it.
 """
 from __future__ import annotations
 
@@ -21,10 +22,13 @@ import datetime as dt
 import json
 import os
 import platform
-import socket
 import tempfile
 import time
 from pathlib import Path
+
+import sys
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import cpu_machine, default_out  # noqa: E402
 
 import numpy as np
 
@@ -203,7 +207,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
     work = Path(tempfile.mkdtemp(prefix="embedlab-session-bench-"))
-    res = {"machine": socket.gethostname(), "cpus": os.cpu_count(), "platform": platform.platform(),
+    res = {"machine": cpu_machine(), "cpus": os.cpu_count(), "platform": platform.platform(),
            "tensorflow": tf.__version__, "date": dt.datetime.utcnow().isoformat(timespec="seconds") + "Z",
            "args": vars(a)}
     if not a.skip_throughput:
@@ -219,7 +223,8 @@ def main():
           f"table {ov['working_table_MB']:.0f} MB + 300 MB")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"session_{socket.gethostname()}_{dt.date.today().isoformat()}"
+    name = "session_oversub" if a.skip_throughput else "session"
+    stem = default_out(name, cpu_machine()).stem
     (out / f"{stem}.json").write_text(json.dumps(res, indent=1))
     try:
         import matplotlib
