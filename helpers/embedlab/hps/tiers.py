@@ -367,8 +367,9 @@ class RocksDBTier:
     in place, not copied into the block cache); one block cache of ``BLOCK_CACHE_BYTES`` for
     the index and filter blocks. A bulk insert (the load from the sparse files, a refresh) ends
     with a flush and a compaction of its table, so lookups search one sorted run instead of the
-    memtables and every level-0 file. Together these took the tier from 0.15 to 0.33 M keys/s at
-    dim 128 on a 1M-row table (2-core machine; helpers/benchmarks/RESULTS.md, ``## hps``).
+    memtables and every level-0 file. Together these took the tier from 0.15 to 0.25-0.34 M
+    keys/s at dim 128 on a 1M-row table (2-core machine; helpers/benchmarks/RESULTS.md,
+    ``## hps_db``).
     """
     BLOCK_CACHE_BYTES = 256 << 20
     name = "persistent"
