@@ -347,9 +347,10 @@ class Session:
             grads = tape.gradient(scaled, ws + tables)
             gd, ge = grads[:len(ws)], grads[len(ws):]
             if scaler != 1.0:
+                # The embeddings' gradients are unscaled already: `_scale_grad` above divides what
+                # flows into each lookup by the scaler (the compiled lookups apply their update
+                # inside their backward, so it has to happen there). The dense ones are not.
                 gd = [None if g is None else g / scaler for g in gd]
-                ge = [None if g is None else (tf.IndexedSlices(g.values / scaler, g.indices, g.dense_shape)
-                                              if isinstance(g, tf.IndexedSlices) else g / scaler) for g in ge]
             self.dense_opt.step.assign_add(1)
             self.dense_opt.apply_dense(gd, ws, self.dense_slots, lr_d, self.dense_opt.step)
             for i, (e, g, (_, _, _, _, used)) in enumerate(zip(embs, ge, per)):
