@@ -11,6 +11,8 @@ model-oversubscription pass switch.
    process's RSS over the run (peak vs working capacity x row size).
 
     python helpers/benchmarks/session.py [--rows 200000] [--batch 2048] [--out results/]
+    # embedding-heavy tables: keep every id (vocabulary 830,084 at 2M rows), narrow MLP only
+    python helpers/benchmarks/session.py --rows 2000000 --freq-threshold 1 --wide 0
 
 Prints a table and writes `helpers/benchmarks/results/session_<machine>_<date>T<time>Z.json`
 (`session_oversub_...` with `--skip-throughput`), and a PNG of RSS next to it.
@@ -33,13 +35,13 @@ from _results import cpu_machine, default_out  # noqa: E402
 import numpy as np
 
 
-def throughput(work, rows, batch, hidden_list, lr=1e-3):
+def throughput(work, rows, batch, hidden_list, lr=1e-3, freq_threshold=6):
     import tensorflow as tf
     from embedlab.data import formats
     from embedlab.session import Session, solver_parser_helper
     from embedlab.session import lab
-    meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5)
-    tfr = work / "train.tfrecord"
+    meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5, freq_threshold=freq_threshold)
+    tfr = work / f"train_{rows}_f{freq_threshold}.tfrecord"
     if not tfr.exists():
         formats.parquet_to_tfrecord(meta["parquet"]["train"], tfr)
     here = Path(__file__).resolve().parents[1] / "tests" / "session" / "data" / "wdl.json"
@@ -50,7 +52,8 @@ def throughput(work, rows, batch, hidden_list, lr=1e-3):
         jp = work / f"wdl_{hidden}.json"
         jp.write_text(json.dumps(j))
         lab.set_capacity(jp, meta["vocabulary"] + 16, hidden=hidden)
-        row = {"hidden": hidden, "batch": batch, "rows": meta["split_rows"]["train"]}
+        row = {"hidden": hidden, "batch": batch, "rows": meta["split_rows"]["train"],
+               "freq_threshold": freq_threshold, "vocabulary": meta["vocabulary"]}
         for upd in ("Global", "Local"):
             jj = json.loads(jp.read_text())
             jj["optimizer"]["update_type"] = upd
@@ -81,13 +84,13 @@ def throughput(work, rows, batch, hidden_list, lr=1e-3):
     return out
 
 
-def step_breakdown(work, rows, batch, hidden):
+def step_breakdown(work, rows, batch, hidden, freq_threshold=6):
     """Per iteration: waiting for the reader (parse + translate run in its thread), building the
     step's inputs, and the compiled step itself (forward, backward, updates)."""
     import tensorflow as tf
     from embedlab.session import Session, solver_parser_helper
     from embedlab.session import lab
-    meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5)
+    meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5, freq_threshold=freq_threshold)
     jp = work / f"wdl_{hidden}_Global.json"
     sess = Session(solver_parser_helper(batchsize=batch, seed=0, repeat_dataset=True), str(jp))
     r = sess.get_data_reader_train()
@@ -198,6 +201,9 @@ def main():
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--narrow", type=int, default=128, help="hidden width of the notebook's configuration")
+    ap.add_argument("--wide", type=int, default=1024, help="HugeCTR's hidden width (0: leave it out)")
+    ap.add_argument("--freq-threshold", type=int, default=6,
+                    help="preprocessing frequency threshold (HugeCTR's 6; 1 keeps every id: a larger vocabulary)")
     ap.add_argument("--capacity", type=int, default=200_000)
     ap.add_argument("--vec", type=int, default=16)
     ap.add_argument("--passes", type=int, default=12)
@@ -211,8 +217,10 @@ def main():
            "tensorflow": tf.__version__, "date": dt.datetime.utcnow().isoformat(timespec="seconds") + "Z",
            "args": vars(a)}
     if not a.skip_throughput:
-        res["throughput"] = throughput(work, a.rows, a.batch, [a.narrow, 1024])
-        res["breakdown"] = {h: step_breakdown(work, a.rows, a.batch, h) for h in (a.narrow, 1024)}
+        widths = [a.narrow] + ([a.wide] if a.wide else [])
+        res["throughput"] = throughput(work, a.rows, a.batch, widths, freq_threshold=a.freq_threshold)
+        res["breakdown"] = {h: step_breakdown(work, a.rows, a.batch, h, freq_threshold=a.freq_threshold)
+                            for h in widths}
         print("step breakdown (ms per iteration):", json.dumps(res["breakdown"]))
     ov = oversubscription(work, a.capacity, 10, a.vec, a.batch, a.passes)
     res["oversubscription"] = ov

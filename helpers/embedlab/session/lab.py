@@ -37,11 +37,13 @@ def peak_rss_mb() -> float:
 
 
 def prepare_wdl_data(out_dir, rows: int, n_lists: int = 5, seed: int = 0, files_per_list: int = 2,
-                     progress: bool = False) -> dict:
+                     progress: bool = False, freq_threshold: int = 6) -> dict:
     """HugeCTR's W&D data steps at any size: generate Criteo rows, preprocess with
     `normalize_dense` and `feature_cross`, split 36,672,493 : 9,168,124 (train : val+test, the
     latter halved), and write Norm files in `n_lists` training file lists with keysets plus an
     evaluation list (the validation split). Reuses `out_dir` when it is already complete.
+    `freq_threshold` is the preprocessing's (HugeCTR's 6 by default: rarer categories share
+    id 0); a lower one keeps more of the ids, a larger vocabulary from fewer generated rows.
 
     Returns:
         dict: lists, keysets, eval_list, parquet (train/val folders), slot_size_array, vocabulary
@@ -52,12 +54,13 @@ def prepare_wdl_data(out_dir, rows: int, n_lists: int = 5, seed: int = 0, files_
     meta_path = out / "wdl_meta.json"
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
-        if meta.get("rows") == rows and meta.get("n_lists") == n_lists:
+        if (meta.get("rows") == rows and meta.get("n_lists") == n_lists
+                and meta.get("freq_threshold", 6) == freq_threshold):
             return meta
     out.mkdir(parents=True, exist_ok=True)
     txt = criteo.generate(out / "day.txt", rows=rows, seed=seed, progress=progress)
     res = criteo.preprocess(txt, out / "parquet", normalize_dense=True, feature_cross=True,
-                            split=criteo.KAGGLE_SPLIT, progress=progress)
+                            freq_threshold=freq_threshold, split=criteo.KAGGLE_SPLIT, progress=progress)
     n_train = res.rows["train"]
     samples_per_file = max(64, math.ceil(n_train / (n_lists * files_per_list)))
     lists = formats.parquet_to_norm(out / "parquet" / "train", out / "norm_train", samples_per_file=samples_per_file,
@@ -66,7 +69,7 @@ def prepare_wdl_data(out_dir, rows: int, n_lists: int = 5, seed: int = 0, files_
                                  slots=WDL_SLOTS, progress=progress)
     keysets = [str(l.with_suffix(".keyset")) for l in lists]
     sizes = list(res.slot_size_array)
-    meta = {"rows": rows, "n_lists": n_lists, "lists": [str(l) for l in lists], "keysets": keysets,
+    meta = {"rows": rows, "n_lists": n_lists, "freq_threshold": freq_threshold, "lists": [str(l) for l in lists], "keysets": keysets,
             "eval_list": str(ev[0]), "parquet": {"train": str(out / "parquet" / "train"),
                                                  "val": str(out / "parquet" / "val")},
             "slot_size_array": sizes, "columns": list(res.columns), "vocabulary": int(sum(sizes)),
