@@ -111,9 +111,9 @@ class TFOptimizer:
         return w - lr * g, []
 
     def apply_dense(self, grads, variables, slots, lr, t):
-        """Dense update of every variable, in place, one fused pass over each variable and its
-        state: TensorFlow's training kernels for Adam and SGD (the same formulas as `rule`),
-        `rule` as TensorFlow ops for MomentumSGD and Nesterov.
+        """Dense update of every variable and its state, in place: one TensorFlow training
+        kernel per variable for Adam and SGD (`ResourceApplyAdam` / `ResourceApplyGradientDescent`,
+        the same formulas as `rule`), `rule` as TensorFlow ops for MomentumSGD and Nesterov.
 
         (Not XLA: an XLA-compiled update per variable measured no faster on the CPU and kept
         about 100 MB of compiler state resident, which counts against oversubscription's memory.)
@@ -152,7 +152,7 @@ class TFOptimizer:
     def apply_global(self, idx, g, table, slots, lr, t):
         """Global: every row is updated, untouched ones with a zero gradient. Rows no key ever
         reached have zero state and a zero gradient, which these rules leave unchanged, so the
-        update runs over the whole table: one static shape, one fused pass (`apply_dense`)."""
+        update runs over the whole table: one static shape, `apply_dense`'s kernels."""
         dense_g = tf.scatter_nd(idx[:, None], g, tf.shape(table, out_type=tf.int64))
         self._apply_one(table, slots, dense_g, lr, t)
 
