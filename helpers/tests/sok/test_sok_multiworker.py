@@ -107,10 +107,15 @@ def test_training_matches_single_process_reference(outdir, world):
         name = case[0]
         losses, tables, kernel, universes = reference(case, world, SEED)
         np.testing.assert_allclose(res[f"{name}/losses"], losses, rtol=1e-5, atol=1e-6, err_msg=f"{name} losses")
+        # Adam divides by sqrt(v) + eps: where a row's gradients are tiny (v near eps^2), the
+        # last-bit differences of another summation order (the exchange vs TensorFlow's
+        # gradient) come out up to ~1e-4 of an update (lr = 0.1) per step; measured 8.4e-6
+        # after 4 steps (seed 128952283). A wrong or missed row is off by about lr.
+        atol = 1e-4 * J.LR * J.STEPS if case[4] == "embedlab_adam" else 1e-6
         for t, full in enumerate(tables):
             keys = np.arange(full.shape[0]) if universes[t] is None else universes[t]
             np.testing.assert_array_equal(res[f"{name}/keys{t}"], keys)
-            np.testing.assert_allclose(res[f"{name}/table{t}"], full, rtol=1e-5, atol=1e-6, err_msg=f"{name} table {t}")
+            np.testing.assert_allclose(res[f"{name}/table{t}"], full, rtol=1e-5, atol=atol, err_msg=f"{name} table {t}")
         np.testing.assert_allclose(res[f"{name}/kernel"], kernel, rtol=1e-5, atol=1e-6)
 
 
