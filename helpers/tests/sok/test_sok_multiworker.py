@@ -116,7 +116,7 @@ def test_training_matches_single_process_reference(outdir, world):
             keys = np.arange(full.shape[0]) if universes[t] is None else universes[t]
             np.testing.assert_array_equal(res[f"{name}/keys{t}"], keys)
             np.testing.assert_allclose(res[f"{name}/table{t}"], full, rtol=1e-5, atol=atol, err_msg=f"{name} table {t}")
-        np.testing.assert_allclose(res[f"{name}/kernel"], kernel, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(res[f"{name}/kernel"], kernel, rtol=1e-5, atol=atol)   # trained on those rows
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
