@@ -30,7 +30,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -152,7 +151,7 @@ TIERS = {"baseline": tier_baseline, "cache": tier_cache, "hash_map": tier_hash_m
 # The database tiers (redis with its redis-benchmark and GET-loop baselines, rocks_db): hps_db.py.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hps_db  # noqa: E402
-from _results import cpu_machine, default_out  # noqa: E402
+from _results import cpu_machine, cpu_name, default_out  # noqa: E402
 TIERS.update(hps_db.make_tiers(time_calls, result, check_rows))
 
 
@@ -175,16 +174,6 @@ def make_workloads(args, dim, rng):
             w.positions.append(p)
             w.queries.append(keys[p])
         yield w
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def main():

@@ -19,44 +19,21 @@ What it does, in one run on one GPU:
 Bandwidth is counted the FBGEMM way: each looked-up row read once, the keys read, the outputs
 written (batch * (8 + 2 * 4 * dim) bytes), over time, and as a fraction of the copy bandwidth.
 
-Prints a table and writes JSON to $OUT/hps_gpu.json if OUT is set, else to
-helpers/benchmarks/results/hps_gpu_<gpu>_<date>.json.
+Prints a table and writes JSON to helpers/benchmarks/results/hps_gpu_<gpu>_<UTC time>.json
+(the same name under $OUT if OUT is set).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-
-def load_core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):
-        import _embedlab_core
-        return _embedlab_core
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from embedlab import _native
-        return _native.core()
-    except Exception:
-        import _embedlab_core
-        return _embedlab_core
-
-
-def gpu_info(torch):
-    info = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    try:
-        info["nvidia_smi"] = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30).stdout.strip()
-    except Exception as e:  # noqa: BLE001 - informative only
-        info["nvidia_smi"] = f"unavailable ({e})"
-    return info
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _gpu import gpu_info, load_core, out_path  # noqa: E402
 
 
 def graph_ms(torch, calls, reps, warmup=3):
@@ -198,12 +175,9 @@ def run(args):
               f"{100 * r['frac_copy_bw_torch_gather']:>6.0f}%")
     result = {"benchmark": "hps_gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": " ".join(sys.argv), "info": info, "copy_gb_per_s": copy_gbs, "rows": rows_out}
-    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    name = "hps_gpu.json" if os.environ.get("OUT") else \
-        f"hps_gpu_{info['gpu'].replace(' ', '_')}_{datetime.date.today().isoformat()}.json"
-    (out_dir / name).write_text(json.dumps(result, indent=1))
-    print(f"wrote {out_dir / name}")
+    path = out_path("hps_gpu", info)
+    path.write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
 
 
 def main():

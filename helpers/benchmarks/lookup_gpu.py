@@ -30,40 +30,13 @@ import argparse
 import datetime
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _results  # noqa: E402
-
-
-def load_core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):
-        import _embedlab_core
-        return _embedlab_core
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from embedlab import _native
-        return _native.core()
-    except Exception:
-        import _embedlab_core
-        return _embedlab_core
-
-
-def gpu_info(torch):
-    info = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-        info["nvidia_smi"] = out
-        info["driver"] = out.split(",")[1].strip()
-    except Exception as e:  # noqa: BLE001 - informative only
-        info["driver"] = f"unknown ({e})"
-    return info
+from _gpu import gpu_info, load_core, out_path  # noqa: E402
 
 
 class Timer:
@@ -482,11 +455,7 @@ class Bench:
             print(f"{r['workload']:<12}{r['dist']:<9}{r['op']:<34}{r['ours_ms']:>9.3f}{r['torch_ms']:>10.3f}"
                   f"{r['ours_GBps']:>11,.0f}{r['torch_GBps']:>11,.0f}{r['ours_frac_copy']:>9.1%}{r['speedup']:>9.2f}")
         print(f"device copy: {self.copy_GBps:,.0f} GB/s on {self.info['gpu']} (driver {self.info['driver']})")
-        out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-        path = _results.default_out("lookup_gpu", _results.gpu_machine(self.info["gpu"]))
-        if out_dir is not None:
-            path = out_dir / path.name
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path = out_path("lookup_gpu", self.info)
         path.write_text(json.dumps({
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join([sys.executable] + sys.argv), "info": self.info,

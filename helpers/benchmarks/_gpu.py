@@ -1,0 +1,49 @@
+"""What the GPU benchmarks (lookup_gpu.py, hps_gpu.py) share: the framework-free module, the
+GPU's description, and where the JSON goes ($OUT on the device machine, else results/)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import _results
+
+
+def load_core():
+    """The framework-free module: a standalone build (EMBEDLAB_CORE_STANDALONE=1, on PYTHONPATH),
+    else the installed package's, else a standalone build after all."""
+    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):
+        import _embedlab_core
+        return _embedlab_core
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from embedlab import _native
+        return _native.core()
+    except Exception:
+        import _embedlab_core
+        return _embedlab_core
+
+
+def gpu_info(torch) -> dict:
+    """GPU name, PyTorch and its CUDA, and nvidia-smi's name, driver, memory and clocks."""
+    info = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "torch_cuda": torch.version.cuda}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30).stdout.strip()
+        info["nvidia_smi"] = out
+        info["driver"] = out.split(",")[1].strip()
+    except Exception as e:  # noqa: BLE001 - informative only
+        info["nvidia_smi"] = f"unavailable ({e})"
+        info["driver"] = f"unknown ({e})"
+    return info
+
+
+def out_path(benchmark: str, info: dict) -> Path:
+    """results/<benchmark>_<gpu>_<UTC time>.json, or the same name under $OUT when it is set."""
+    path = _results.default_out(benchmark, _results.gpu_machine(info["gpu"]))
+    if os.environ.get("OUT"):
+        path = Path(os.environ["OUT"]) / path.name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
