@@ -70,18 +70,7 @@ class PyEmbeddingCache {
   }
 
   nb::dict stats() const {
-    const EmbeddingCacheStats s = cache_->stats();
-    nb::dict d;
-    d["hits"] = s.hits;
-    d["misses"] = s.misses;
-    d["inserts"] = s.inserts;
-    d["evictions"] = s.evictions;
-    d["updates"] = s.updates;
-    d["erases"] = s.erases;
-    d["rejected"] = s.rejected;
-    d["size"] = cache_->size();
-    d["capacity"] = cache_->capacity();
-    return d;
+    return cache_stats_dict(cache_->stats(), cache_->size(), cache_->capacity());
   }
 
   const EmbeddingCacheCpu& core() const { return *cache_; }

@@ -198,17 +198,7 @@ class PyCudaEmbeddingCache {
       make_current("CudaEmbeddingCache.stats");
       cuda_check("CudaEmbeddingCache.stats", cache_->stats(&s, as_stream(stream)), "reading the counters");
     }
-    nb::dict d;
-    d["hits"] = s.hits;
-    d["misses"] = s.misses;
-    d["inserts"] = s.inserts;
-    d["evictions"] = s.evictions;
-    d["updates"] = s.updates;
-    d["erases"] = s.erases;
-    d["rejected"] = s.rejected;
-    d["size"] = size(stream);
-    d["capacity"] = cache_->capacity();
-    return d;
+    return cache_stats_dict(s, size(stream), cache_->capacity());
   }
 
   const EmbeddingCacheCuda& core() const { return *cache_; }

@@ -109,6 +109,21 @@ nb::ndarray<nb::numpy, T> from_vector(std::vector<T>&& v, std::vector<size_t> sh
   return nb::ndarray<nb::numpy, T>(heap->empty() ? nullptr : heap->data(), shape.size(), shape.data(), owner);
 }
 
+// EmbeddingCache.stats() of both bindings (CPU and CUDA): the counters, size and capacity.
+inline nb::dict cache_stats_dict(const embedlab::EmbeddingCacheStats& s, int64_t size, int64_t capacity) {
+  nb::dict d;
+  d["hits"] = s.hits;
+  d["misses"] = s.misses;
+  d["inserts"] = s.inserts;
+  d["evictions"] = s.evictions;
+  d["updates"] = s.updates;
+  d["erases"] = s.erases;
+  d["rejected"] = s.rejected;
+  d["size"] = size;
+  d["capacity"] = capacity;
+  return d;
+}
+
 // One std::thread pool per thread count, shared by every HPS object of the process (created on
 // first use, never destroyed: worker threads must not be joined during interpreter shutdown).
 // The constructor arguments every EmbeddingCache binding (CPU and CUDA) checks first.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "embedding.h"
+#include "arrays.h"
 #include "registry.h"
 
 namespace nb = nanobind;
@@ -50,14 +51,7 @@ ThreadPool& pool(int num_threads) {
   throw nb::value_error((fn + ": " + msg).c_str());
 }
 
-template <typename T>
-nb::ndarray<nb::numpy, T> new_array(std::vector<size_t> shape) {
-  size_t n = 1;
-  for (size_t s : shape) n *= s;
-  T* data = new T[n == 0 ? 1 : n];
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
-}
+using embedlab_py::new_array;
 
 Combiner combiner_of(const std::string& fn, const std::string& name) {
   Combiner c;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.h"
 #include "registry.h"
 #include "routing.h"
 
@@ -19,14 +20,7 @@ namespace {
 
 using I1 = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-template <typename T>
-nb::ndarray<nb::numpy, T> new_array(std::vector<size_t> shape) {
-  size_t n = 1;
-  for (size_t s : shape) n *= s;
-  T* data = new T[n == 0 ? 1 : n];
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
-  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
-}
+using embedlab_py::new_array;
 
 }  // namespace
 
