@@ -67,8 +67,15 @@ struct EmbeddingCacheStats {
 
 constexpr int kEmbeddingCacheMaxWays = 32;
 
-// The set of a key: murmur3's 64-bit finalizer, then a multiply-shift onto [0, num_sets).
-inline uint64_t cache_mix64(uint64_t k) {
+#if defined(__CUDACC__)
+#define EMBEDLAB_CACHE_HD __host__ __device__ __forceinline__
+#else
+#define EMBEDLAB_CACHE_HD inline
+#endif
+
+// The set of a key: murmur3's 64-bit finalizer, then a multiply-shift onto [0, num_sets). One
+// definition for the CPU and the CUDA cache (a key maps to the same set in both).
+EMBEDLAB_CACHE_HD uint64_t cache_mix64(uint64_t k) {
   k ^= k >> 33;
   k *= 0xff51afd7ed558ccdULL;
   k ^= k >> 33;
@@ -76,10 +83,13 @@ inline uint64_t cache_mix64(uint64_t k) {
   k ^= k >> 33;
   return k;
 }
-inline int64_t cache_set_of(int64_t key, int64_t num_sets) {
-  return static_cast<int64_t>((static_cast<unsigned __int128>(cache_mix64(static_cast<uint64_t>(key))) *
-                               static_cast<uint64_t>(num_sets)) >>
-                              64);
+EMBEDLAB_CACHE_HD int64_t cache_set_of(int64_t key, int64_t num_sets) {
+  const uint64_t h = cache_mix64(static_cast<uint64_t>(key));
+#if defined(__CUDA_ARCH__)
+  return static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(num_sets)));
+#else
+  return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(num_sets)) >> 64);
+#endif
 }
 
 class EmbeddingCacheCpu {

@@ -39,17 +39,6 @@ enum Counter { kHits = 0, kMisses, kInserts, kEvictions, kUpdates, kErases, kRej
 constexpr int kCall = 8;  // offset of this call's counters
 enum WriteMode { kInsert = 0, kUpdate = 1, kErase = 2 };
 
-__device__ __forceinline__ uint64_t mix64(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdULL;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ULL;
-  k ^= k >> 33;
-  return k;
-}
-__device__ __forceinline__ int64_t set_of(int64_t key, int64_t num_sets) {
-  return static_cast<int64_t>(__umul64hi(mix64(static_cast<uint64_t>(key)), static_cast<uint64_t>(num_sets)));
-}
 
 struct Cache {
   uint32_t* headers;
@@ -109,7 +98,7 @@ __global__ void __launch_bounds__(kBlock, 6) lookup_kernel(Cache c, const int64_
   unsigned long long hits = 0, seen = 0;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G; i < n; i += step) {
     const int64_t key = __ldg(keys + i);
-    const int64_t s = set_of(key, c.num_sets);
+    const int64_t s = cache_set_of(key, c.num_sets);
     const uint32_t occ = __ldcg(c.headers + 2 * s + 1);
     const int way = find_way<G>(tile, c, s, occ, key);
     if (way >= 0) {
@@ -160,7 +149,7 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
   const uint32_t full = c.ways == 32 ? 0xffffffffu : ((1u << c.ways) - 1u);
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G; i < n; i += step) {
     const int64_t key = keys[i];
-    const int64_t s = set_of(key, c.num_sets);
+    const int64_t s = cache_set_of(key, c.num_sets);
     uint32_t* version = c.headers + 2 * s;
     volatile uint32_t* occupied = reinterpret_cast<volatile uint32_t*>(c.headers + 2 * s + 1);
     volatile int64_t* set_keys = reinterpret_cast<volatile int64_t*>(c.keys + s * c.ways);
