@@ -32,20 +32,20 @@ def _at_least_one(x: tf.Tensor, where: str) -> None:
         raise ValueError(f"embedlab.sok.exchange.{where}: a zero-element collective would crash the process")
 
 
-def _all_gather_raw(x, key):
+def _collective(op, x, key):
+    """One TensorFlow V2 collective (`op`, e.g. CollectiveGatherV2) over the job's workers."""
     ctx = _context.context()
     with tf.device(ctx.device):
-        return tf.raw_ops.CollectiveGatherV2(
-            input=x, group_size=ctx.world_size, group_key=_context.GROUP_KEY, instance_key=key,
-            ordering_token=[], communication_hint="auto", timeout_seconds=ctx.timeout)
+        return op(input=x, group_size=ctx.world_size, group_key=_context.GROUP_KEY, instance_key=key,
+                  ordering_token=[], communication_hint="auto", timeout_seconds=ctx.timeout)
+
+
+def _all_gather_raw(x, key):
+    return _collective(tf.raw_ops.CollectiveGatherV2, x, key)
 
 
 def _all_to_all_raw(x, key):
-    ctx = _context.context()
-    with tf.device(ctx.device):
-        return tf.raw_ops.CollectiveAllToAllV2(
-            input=x, group_size=ctx.world_size, group_key=_context.GROUP_KEY, instance_key=key,
-            ordering_token=[], communication_hint="auto", timeout_seconds=ctx.timeout)
+    return _collective(tf.raw_ops.CollectiveAllToAllV2, x, key)
 
 
 def all_gather(x: tf.Tensor, key=None) -> tf.Tensor:
