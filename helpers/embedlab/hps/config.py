@@ -82,7 +82,6 @@ _NO_EFFECT_VOLATILE = {
 }
 _NO_EFFECT_PERSISTENT = {
     "update_filters": "no Kafka update source",
-    "num_threads": "RocksDB multi-get runs on the calling thread",
     "max_set_batch_size": "inserts are chunked by max_batch_size",
 }
 
@@ -117,6 +116,7 @@ class PersistentDBConfig:
     path: str = "/tmp/rocksdb"
     read_only: bool = False
     max_batch_size: int = 65536
+    num_threads: int = 16             # HugeCTR's default; used as min(num_threads, cores)
     initialize_after_startup: bool = True
 
 
@@ -271,7 +271,8 @@ def _parse_persistent(d, base: Path, report) -> PersistentDBConfig:
     if not isinstance(d, dict):
         raise _err("persistent_db", f"must be an object, got {d!r}")
     c = PersistentDBConfig()
-    known = {"type", "path", "read_only", "max_batch_size", "max_get_batch_size", "initialize_after_startup"}
+    known = {"type", "path", "read_only", "max_batch_size", "max_get_batch_size", "num_threads",
+             "initialize_after_startup"}
     if "type" in d:
         c.type = _str(where + "type", d["type"], PERSISTENT_TYPES)
     if "path" in d:
@@ -285,6 +286,8 @@ def _parse_persistent(d, base: Path, report) -> PersistentDBConfig:
     for k in ("max_batch_size", "max_get_batch_size"):
         if k in d:
             c.max_batch_size = _int(where + k, d[k], 1)
+    if "num_threads" in d:
+        c.num_threads = _int(where + "num_threads", d["num_threads"], 1)
     _report_extra(where, d, known, _NO_EFFECT_PERSISTENT, report)
     return c
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -367,11 +368,15 @@ class RocksDBTier:
     in place, not copied into the block cache); one block cache of ``BLOCK_CACHE_BYTES`` for
     the index and filter blocks. A bulk insert (the load from the sparse files, a refresh) ends
     with a flush and a compaction of its table, so lookups search one sorted run instead of the
-    memtables and every level-0 file. Together these took the tier from 0.15 to 0.25-0.34 M
-    keys/s at dim 128 on a 1M-row table (2-core machine; helpers/benchmarks/RESULTS.md,
-    ``## hps_db``).
+    memtables and every level-0 file.
+
+    A lookup sorts its keys (neighbouring keys share index and data blocks) and splits them into
+    chunks that ``min(num_threads, cores)`` threads (``persistent_db.num_threads``) fetch at once: rocksdict releases the GIL
+    for RocksDB's batched MultiGet, so one thread's multi-get runs while another copies its
+    values into the output. Numbers: helpers/benchmarks/RESULTS.md, ``## hps_db``.
     """
     BLOCK_CACHE_BYTES = 256 << 20
+    MIN_CHUNK = 4096          # keys per multi-get below which splitting a lookup costs more than it saves
     name = "persistent"
     kind = "rocks_db"
 
@@ -411,6 +416,8 @@ class RocksDBTier:
         except Exception as e:
             raise TierError(f"HPS persistent_db.path {self.path}: cannot open the RocksDB database: {e}") from e
         self._existing = set(existing)
+        self.threads = max(1, min(cfg.num_threads, os.cpu_count() or 1))
+        self._pool = None
 
     def _options(self):
         rd = self._rd
@@ -442,24 +449,37 @@ class RocksDBTier:
 
     @staticmethod
     def _key_list(keys) -> list:
-        b = keys.astype(">i8").tobytes()
-        return [b[i:i + 8] for i in range(0, len(b), 8)]
+        return keys.astype(">i8").view("V8").tolist()     # one 8-byte bytes object per key
+
+    def _chunks(self, n: int) -> list[tuple[int, int]]:
+        """Multi-get ranges: at most ``max_batch_size`` keys each, four per thread (so one
+        thread's Python-side copy overlaps another's multi-get), none under MIN_CHUNK."""
+        size = min(self._cfg.max_batch_size, max(self.MIN_CHUNK, -(-n // (4 * self.threads))))
+        return [(s, min(n, s + size)) for s in range(0, n, size)]
 
     def find(self, table, keys, out):
         dim = self._dims[table]
         cf = self._cfs[table]
         n = keys.shape[0]
         found = np.zeros(n, dtype=bool)
-        # Multi-get in key order: neighbouring keys share index and data blocks (2x faster than
-        # random order on a 200k-row table). Byte order of the big-endian key = unsigned order.
-        order = np.argsort(keys.view(np.uint64), kind="stable")
+        order = np.argsort(keys.view(np.uint64), kind="stable")   # byte order of the key = unsigned order
         kl = self._key_list(keys[order])
-        batch = self._cfg.max_batch_size
-        bad = 0
-        for s in range(0, n, batch):
-            bad += _scatter_values(cf.get(kl[s:s + batch]), order[s:s + batch], dim, out, found)
+
+        def fetch(r):           # chunks write disjoint rows of out and found
+            return _scatter_values(cf.get(kl[r[0]:r[1]]), order[r[0]:r[1]], dim, out, found)
+
+        chunks = self._chunks(n)
+        if len(chunks) > 1 and self.threads > 1:
+            if self._pool is None:
+                with self._lock:
+                    if self._pool is None:
+                        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="embedlab-rocksdb")
+            bad = sum(self._pool.map(fetch, chunks))
+        else:
+            bad = sum(map(fetch, chunks))
         if bad:
-            self.bad_values += bad
+            with self._lock:
+                self.bad_values += bad
             log.warning("HPS rocks_db tier: %d value(s) of the wrong length in %s; treated as misses", bad, table)
         return np.flatnonzero(~found).astype(np.int64)
 
@@ -501,6 +521,9 @@ class RocksDBTier:
             return -1
 
     def close(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         with self._lock:
             self._cfs.clear()
             try:

@@ -43,18 +43,19 @@ def test_full_documented_config_is_read():
     assert v.type == "redis_cluster" and v.addresses == [("127.0.0.1", 7003), ("127.0.0.1", 7004), ("127.0.0.1", 7005)]
     assert (v.num_partitions, v.max_batch_size, v.overflow_margin, v.overflow_policy) == (8, 65536, 10000000, "evict_random")
     assert (v.initial_cache_rate, v.cache_missed_embeddings) == (1.0, False)
-    assert (p.type, p.path, p.read_only) == ("rocks_db", "/tmp/rocksdb", False)
+    assert (p.type, p.path, p.read_only, p.num_threads) == ("rocks_db", "/tmp/rocksdb", False, 16)
     assert m.model == "wdl" and m.embedding_vecsize_per_table == [1, 15] and m.embedding_table_names == ["table1", "table2"]
     assert m.maxnum_catfeature_query_per_table_per_sample == [2, 26] and m.default_value_for_each_table == [0.0, 0.5]
     assert (m.gpucache, m.gpucacheper, m.hit_rate_threshold, m.embedding_cache_type) == (True, 0.1, 0.9, "dynamic")
     assert m.cache_refresh_percentage_per_iteration == 0.2 and m.max_batch_size == 64 and m.deployed_device_list == [0]
     reported = {r.split(":")[0] for r in c.report}
     for f in ("fuse_embedding_table", "volatile_db.enable_tls", "volatile_db.shared_memory_size",
-              "persistent_db.num_threads", "models[0].dense_file", "models[0].slot_num", "models[0].use_context_stream",
+              "models[0].dense_file", "models[0].slot_num", "models[0].use_context_stream",
               "models[0].deployed_device_list", "models[0].cache_refresh_percentage_per_iteration"):
         assert f in reported, f
     # Every field that steers the server is not reported.
-    for f in ("models[0].gpucacheper", "volatile_db.num_partitions", "persistent_db.read_only"):
+    for f in ("models[0].gpucacheper", "volatile_db.num_partitions", "persistent_db.read_only",
+              "persistent_db.num_threads"):
         assert f not in reported
     print("ok")
 
@@ -92,6 +93,7 @@ def test_unknown_fields_warned_once_and_kept_in_report(caplog):
     (("volatile_db", "max_batch_size"), 2.5, "volatile_db.max_batch_size"),
     (("persistent_db", "type"), "leveldb", "persistent_db.type"),
     (("persistent_db", "read_only"), "yes", "persistent_db.read_only"),
+    (("persistent_db", "num_threads"), 0, "persistent_db.num_threads"),
     (("supportlonglong",), None, "supportlonglong"),
 ])
 def test_bad_value_names_the_field(path, value, field):

@@ -43,6 +43,38 @@ def test_rocksdb_tier_against_oracle(tmp_path):
     assert set(rocksdict.Rdict.list_cf(str(tmp_path / "db"), rocksdict.Options(raw_mode=True))) >= set(tabs)
 
 
+def test_threaded_multi_get_against_oracle(tmp_path, monkeypatch):
+    """A lookup split over num_threads threads (small chunks, so many of them), with duplicate and
+    absent keys and one wrong-length value, gives exactly the single-thread answer; so do several
+    callers at once."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+    monkeypatch.setattr(RocksDBTier, "MIN_CHUNK", 64)
+    rng = np.random.default_rng()
+    tab = Table(tmp_path / "t", n=4000, dim=24, rng=rng)
+    t = _tier(tmp_path / "db", num_threads=4)
+    assert t.threads == min(4, os.cpu_count())
+    t.add_table("x", tab.dim)
+    t.insert("x", tab.keys, tab.vectors, bulk=True)
+    bad_key = int(tab.keys[7])
+    t._db.get_column_family("x")[bad_key.to_bytes(8, "big", signed=True)] = b"\0" * 12   # a wrong-length row
+    q = np.concatenate([tab.query(3000, absent=300), tab.keys[:50], [bad_key] * 3])
+    rng.shuffle(q)
+    assert len(t._chunks(len(q))) == 4 * t.threads
+    present = np.array([int(k) in tab.oracle and int(k) != bad_key for k in q])
+
+    def look(_):
+        out = np.full((len(q), tab.dim), np.nan, np.float32)
+        return t.find("x", q, out), out
+
+    for missing, out in [look(0)] + list(ThreadPoolExecutor(3).map(look, range(3))):
+        assert np.array_equal(missing, np.flatnonzero(~present))
+        assert np.array_equal(out[present], tab.expect(q)[present])
+        assert np.isnan(out[~present]).all()
+    assert t.bad_values == 4 * int((q == bad_key).sum())   # every occurrence counted, never returned
+    t.close()
+
+
 def test_bulk_insert_leaves_one_compacted_run(tmp_path):
     """A bulk insert (the ParameterServer's load) flushes and compacts the table: nothing left in
     the memtables or level 0, every row still exact, and later small writes still win."""
