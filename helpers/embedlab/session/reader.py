@@ -19,13 +19,13 @@ file and the record; no batch built from a bad record is ever returned.
 from __future__ import annotations
 
 import queue
-import struct
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from .. import _native
 from ..data.formats import FormatError, _read_header
 from .spec import DataSpec
 
@@ -120,14 +120,25 @@ def read_file_list(path) -> list[str]:
     return files
 
 
-def _gather_bytes(raw, starts, width):
-    if len(starts) == 0:
-        return np.empty((0, width), np.uint8)
-    return raw[starts[:, None] + np.arange(width)]
+_NORM_ERRORS = {   # csrc/core/norm_format.h NormStatus -> message (record r, slot s, offset o, values v, w)
+    1: "truncated at record {r}{slot} (byte offset {o}): the header promises {n} records",
+    2: "record {r} (byte offset {o}): bad length prefix {v} ({w} bytes left)",
+    3: "record {r} (byte offset {o}): checksum mismatch (stored {v}, computed {w})",
+    4: "record {r} slot {s} (byte offset {o}): bad nnz {v}",
+    5: "record {r} slot {s}: the record's length prefix ends before its slots do",
+    6: "record {r} slot {s}: nnz {v} runs past the record's length prefix",
+    7: "record {r} (byte offset {o}): length prefix {v} but the record's fields take {w} bytes",
+    8: "{v} unexpected bytes after the {n} records the header announces (byte offset {o})",
+}
 
 
 def read_norm_block(path, data: DataSpec, i64_key: bool) -> Block:
-    """Decode and verify one Norm file against the Data layer `data` (vectorized over records).
+    """Decode and verify one Norm file against the Data layer `data`.
+
+    The records are scanned, verified (length prefixes, checksums, nnz, the file's size) and
+    copied out by the compiled decoder (`csrc/core/norm_format.h`, `decode_norm`), without the
+    GIL; `embedlab.data.formats.read_norm` is the independent NumPy reader the tests compare it
+    with.
 
     Raises:
         FormatError naming the file, the record (0-based) and what is wrong.
@@ -142,114 +153,24 @@ def read_norm_block(path, data: DataSpec, i64_key: bool) -> Block:
         raise FormatError(f"{path}: header says label_dim {ld}, dense_dim {dd}, slot_num {sn}; the "
                           f"Data layer {data.name!r} says {data.label_dim}, {data.dense_dim}, "
                           f"{data.slot_num} (the sum of its sparse inputs' slot_num)")
-    kdt = _KEY[i64_key]
-    ks = kdt.itemsize
-    fixed = 4 * (ld + dd)
-    size = len(raw)
-    buf = raw.data
-    if check:
-        # Hop over the records by their length prefixes.
-        starts = np.empty(n, np.int64)
-        lens = np.empty(n, np.int64)
-        p = pos
-        unpack = struct.Struct("<i").unpack_from
-        for r in range(n):
-            if p + 4 > size:
-                raise FormatError(f"{path}: truncated at record {r} (byte offset {p}): the header "
-                                  f"promises {n} records")
-            length = unpack(buf, p)[0]
-            if length < fixed + 4 * sn or p + 4 + length + 1 > size:
-                raise FormatError(f"{path}: record {r} (byte offset {p}): bad length prefix {length} "
-                                  f"({size - p - 4} bytes left)")
-            starts[r] = p + 4
-            lens[r] = length
-            p += 5 + length
-        if p != size:
-            raise FormatError(f"{path}: {size - p} unexpected bytes after the {n} records the header "
-                              f"announces (byte offset {p})")
-        ends = starts + lens
-        if n:
-            idx = np.empty(2 * n, np.int64)
-            idx[0::2], idx[1::2] = starts, ends
-            sums = np.add.reduceat(raw, idx, dtype=np.uint64)[0::2] & 0xFF
-            bad = np.flatnonzero(sums != raw[ends])
-            if len(bad):
-                r = int(bad[0])
-                raise FormatError(f"{path}: record {r} (byte offset {starts[r] - 4}): checksum mismatch "
-                                  f"(stored {int(raw[ends[r]])}, computed {int(sums[r])})")
-    else:
-        starts = np.empty(n, np.int64)
-        unpack = struct.Struct("<i").unpack_from
-        p = pos
-        for r in range(n):
-            starts[r] = p
-            p += fixed
-            for s in range(sn):
-                if p + 4 > size:
-                    raise FormatError(f"{path}: truncated at record {r} slot {s} (byte offset {p})")
-                k = unpack(buf, p)[0]
-                if k < 0:
-                    raise FormatError(f"{path}: record {r} slot {s} (byte offset {p}): bad nnz {k}")
-                p += 4 + k * ks
-            if p > size:
-                raise FormatError(f"{path}: truncated at record {r} (byte offset {starts[r]})")
-        if p != size:
-            raise FormatError(f"{path}: {size - p} unexpected bytes after the {n} records the header "
-                              f"announces (byte offset {p})")
-        ends = None
-    fl = _gather_bytes(raw, starts, fixed).view("<f4") if fixed else np.zeros((n, 0), np.float32)
-    label, dense = fl[:, :ld].copy(), fl[:, ld:].copy()
-    # Walk the slots, vectorized over records.
-    cur = starts + fixed
-    nnz = np.empty((n, sn), np.int64)
-    key_start = np.empty((n, sn), np.int64)
-    for s in range(sn):
-        if check and n:
-            over = np.flatnonzero(cur + 4 > ends)
-            if len(over):
-                r = int(over[0])
-                raise FormatError(f"{path}: record {r} slot {s}: the record's length prefix ends "
-                                  "before its slots do")
-        k = _gather_bytes(raw, cur, 4).view("<i4")[:, 0].astype(np.int64) if n else np.empty(0, np.int64)
-        neg = np.flatnonzero(k < 0)
-        if len(neg):
-            r = int(neg[0])
-            raise FormatError(f"{path}: record {r} slot {s} (byte offset {cur[r]}): bad nnz {int(k[r])}")
-        nnz[:, s] = k
-        key_start[:, s] = cur + 4
-        cur = cur + 4 + k * ks
-        if check and n:
-            over = np.flatnonzero(cur > ends)
-            if len(over):
-                r = int(over[0])
-                raise FormatError(f"{path}: record {r} slot {s}: nnz {int(k[r])} runs past the record's "
-                                  f"length prefix")
-    if check and n:
-        short = np.flatnonzero(cur != ends)
-        if len(short):
-            r = int(short[0])
-            raise FormatError(f"{path}: record {r} (byte offset {starts[r] - 4}): length prefix "
-                              f"{int(lens[r])} but the record's fields take {int(cur[r] - starts[r])} bytes")
+    inputs = [(inp.first_slot, inp.slot_num) for inp in data.sparse]
+    err, label, dense, nnz, decoded = _native.core().decode_norm(
+        raw, pos, n, ld, dd, sn, check, _KEY[i64_key].itemsize, inputs)
+    if err is not None:
+        status, r, s, o, v, w = err
+        msg = _NORM_ERRORS[status].format(r=r, s=s, o=o, v=v, w=w, n=n, slot=f" slot {s}" if s >= 0 else "")
+        raise FormatError(f"{path}: {msg}")
     sparse, slots = [], []
-    for inp in data.sparse:
-        S = inp.slot_num
-        sub_nnz = nnz[:, inp.first_slot:inp.first_slot + S]
-        per_sample = sub_nnz.sum(axis=1)
+    for inp, (splits, keys) in zip(data.sparse, decoded):
+        per_sample = nnz[:, inp.first_slot:inp.first_slot + inp.slot_num].sum(axis=1)
         over = np.flatnonzero(per_sample > inp.max_feature_num_per_sample)
         if len(over):
             r = int(over[0])
             raise FormatError(f"{path}: record {r} has {int(per_sample[r])} keys in sparse input "
                               f"{inp.top!r}, more than its max_feature_num_per_sample "
                               f"{inp.max_feature_num_per_sample}")
-        flat = sub_nnz.reshape(-1)                       # sample-major rows
-        splits = np.zeros(n * S + 1, np.int64)
-        np.cumsum(flat, out=splits[1:])
-        total = int(splits[-1])
-        st = key_start[:, inp.first_slot:inp.first_slot + S].reshape(-1)
-        key_pos = np.repeat(st, flat) + ks * (np.arange(total) - np.repeat(splits[:-1], flat))
-        keys = _gather_bytes(raw, key_pos, ks).view(kdt)[:, 0].astype(np.int64) if total else np.empty(0, np.int64)
         sparse.append((splits, keys))
-        slots.append(S)
+        slots.append(inp.slot_num)
     return Block(label, dense, sparse, slots, str(path))
 
 
