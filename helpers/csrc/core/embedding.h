@@ -183,6 +183,15 @@ void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradP
 void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p,
                      ThreadPool& pool);
 
+// Global Adam (HugeCTR's update_type "Global"): in one pass over rows [0, rows_used[t]) of each
+// table, the given rows (unique, ascending) take AdamRow's update with their gradient and every
+// other row the same update with a zero gradient (m and v decay, w still moves by
+// alpha m / (sqrt(v) + eps)). Rows past rows_used[t] are not read: a row whose m and v are zero
+// does not move under a zero gradient, so callers pass the number of rows ever used. Rows
+// past it that appear in indices are updated too (the pass is extended to the last index).
+void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
+                     ThreadPool& pool);
+
 // True when indices are strictly increasing (so unique): the optimizers' fast path.
 bool strictly_increasing(const int64_t* indices, int64_t n);
 

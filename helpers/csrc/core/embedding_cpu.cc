@@ -746,6 +746,44 @@ void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams 
   sparse_update(tables, num_tables, pool, AdamRow(p));
 }
 
+void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
+                     ThreadPool& pool) {
+  std::vector<int64_t> rows(num_tables);
+  for (int t = 0; t < num_tables; ++t) {
+    const SparseUpdateArgs& a = tables[t];
+    rows[t] = std::min(a.num_rows, std::max(rows_used[t], a.n ? a.indices[a.n - 1] + 1 : int64_t{0}));
+  }
+  FlatIndex flat(num_tables, [&](int t) { return rows[t]; });
+  if (flat.total() == 0) return;
+  int64_t dims = 0;
+  for (int t = 0; t < num_tables; ++t) dims = std::max(dims, tables[t].dim);
+  const AdamRow update(p);
+  pool.parallel_for(flat.total(), dims * AdamRow::kCost, [&](int64_t b, int64_t e) {
+    flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
+      const SparseUpdateArgs& a = tables[t];
+      int64_t j = std::lower_bound(a.indices, a.indices + a.n, r0) - a.indices;
+      dispatch_dim(a.dim, [&](auto width) {
+        const int64_t dim = Width<decltype(width)::value>::get(a.dim);
+        for (int64_t r = r0; r < r1; ++r) {
+          float* w = a.table + r * a.dim;
+          float* m = a.slot1 + r * a.dim;
+          float* v = a.slot2 + r * a.dim;
+          if (j < a.n && a.indices[j] == r) {
+            update(width, w, m, v, a.grads + j * a.dim, a.dim);
+            ++j;
+            continue;
+          }
+          for (int64_t d = 0; d < dim; ++d) {   // AdamRow with g = 0
+            m[d] += (0.f - m[d]) * update.one_b1;
+            v[d] += (0.f - v[d]) * update.one_b2;
+            w[d] -= (m[d] * update.alpha) / (std::sqrt(v[d]) + update.eps);
+          }
+        }
+      });
+    });
+  });
+}
+
 std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
                                 bool* in_order, int64_t stride) {
   std::fill(row_offsets, row_offsets + batch + 1, 0);

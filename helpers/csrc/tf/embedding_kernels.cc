@@ -573,6 +573,42 @@ class SparseApplyAdamOp : public OpKernel {
   int n_;
 };
 
+class GlobalApplyAdamOp : public OpKernel {
+ public:
+  explicit GlobalApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
+  void Compute(OpKernelContext* ctx) override {
+    EMBEDLAB_SCALAR(lr, 5 * n_, "lr");
+    const Tensor& b1_t = ctx->input(5 * n_ + 1);
+    const Tensor& b2_t = ctx->input(5 * n_ + 2);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(b1_t.shape()) && TensorShapeUtils::IsScalar(b2_t.shape()),
+                errors::InvalidArgument(type_string(), ": beta_1 and beta_2 must be scalars"));
+    const double b1 = b1_t.scalar<double>()(), b2 = b2_t.scalar<double>()();
+    EMBEDLAB_SCALAR(eps, 5 * n_ + 3, "epsilon");
+    const Tensor& step_t = ctx->input(5 * n_ + 4);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
+                errors::InvalidArgument(type_string(), ": step must be a scalar"));
+    const int64_t step = step_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, step >= 1, errors::InvalidArgument(type_string(), ": step must be >= 1, got ", step));
+    const Tensor& used_t = ctx->input(5 * n_ + 5);
+    OP_REQUIRES(ctx, used_t.dims() == 1 && used_t.NumElements() == n_,
+                errors::InvalidArgument(type_string(), ": rows_used must be a vector of ", n_, " entries, got shape ",
+                                        used_t.shape().DebugString()));
+    const int64_t* used = used_t.flat<int64_t>().data();
+    ApplySparse<2>(this, ctx, n_, [&](std::vector<embedlab::SparseUpdateArgs>& a, embedlab::ThreadPool& p) {
+      for (int t = 0; t < n_; ++t) {
+        OP_REQUIRES(ctx, used[t] >= 0 && used[t] <= a[t].num_rows,
+                    errors::InvalidArgument(type_string(), ": rows_used[", t, "] = ", used[t], " is outside [0, ",
+                                            a[t].num_rows, "]; nothing was updated"));
+      }
+      embedlab::global_adam_cpu(a.data(), used, n_, {lr, b1, b2, eps, step}, p);
+    });
+  }
+
+ private:
+  int n_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabGlobalApplyAdam").Device(DEVICE_CPU), GlobalApplyAdamOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplySGD").Device(DEVICE_CPU), SparseApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdagrad").Device(DEVICE_CPU), SparseApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam").Device(DEVICE_CPU), SparseApplyAdamOp);

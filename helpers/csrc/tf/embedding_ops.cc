@@ -252,4 +252,23 @@ REGISTER_OP("EmbedLabSparseApplyAdam")
     .Doc("Lazy Adam (Keras expression order) on the given rows only; step is the 1-based step. "
          "The betas are double so that 1 - beta rounds like Keras' Python-float arithmetic.");
 
+REGISTER_OP("EmbedLabGlobalApplyAdam")
+    .Input("vars: num_tables * resource")
+    .Input("ms: num_tables * resource")
+    .Input("vs: num_tables * resource")
+    .Input("indices: num_tables * int64")
+    .Input("grads: num_tables * float")
+    .Input("lr: float")
+    .Input("beta_1: double")
+    .Input("beta_2: double")
+    .Input("epsilon: float")
+    .Input("step: int64")
+    .Input("rows_used: int64")
+    .Attr("num_tables: int >= 1")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Global Adam (HugeCTR's update_type Global) in one pass over rows [0, rows_used[t]) of each "
+         "table: the given rows with their gradients (duplicates summed first), every other row with a "
+         "zero gradient; rows past rows_used (m = v = 0, never touched) do not move and are not read. "
+         "rows_used: [num_tables] int64 in [0, rows]. Same expression order as EmbedLabSparseApplyAdam.");
+
 }  // namespace tensorflow

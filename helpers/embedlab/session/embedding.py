@@ -149,10 +149,22 @@ class TFOptimizer:
         for var, val in zip(slots, ns):
             var.scatter_update(tf.IndexedSlices(val, idx))
 
-    def apply_global(self, idx, g, table, slots, lr, t):
+    def apply_global(self, idx, g, table, slots, lr, t, used_rows):
         """Global: every row is updated, untouched ones with a zero gradient. Rows no key ever
-        reached have zero state and a zero gradient, which these rules leave unchanged, so the
-        update runs over the whole table: one static shape, `apply_dense`'s kernels."""
+        reached (those from `used_rows` on) have zero state and a zero gradient, which these
+        rules leave unchanged, so they are skipped.
+
+        Adam: one compiled pass over rows [0, used_rows) (`EmbedLabGlobalApplyAdam`: w, m and v
+        read and written once, no dense gradient). MomentumSGD / Nesterov: `apply_dense`'s
+        TensorFlow ops over the whole table, on a gradient scattered into its shape."""
+        s = self.spec
+        if s.type == "Adam":
+            _native.tf_ops().embed_lab_global_apply_adam(
+                [table.handle], [slots[0].handle], [slots[1].handle], [idx], [g], tf.cast(lr, tf.float32),
+                tf.constant(s.beta1, tf.float64), tf.constant(s.beta2, tf.float64),
+                tf.constant(s.epsilon, tf.float32), tf.cast(t, tf.int64),
+                tf.reshape(tf.cast(used_rows, tf.int64), [1]))
+            return
         dense_g = tf.scatter_nd(idx[:, None], g, tf.shape(table, out_type=tf.int64))
         self._apply_one(table, slots, dense_g, lr, t)
 
@@ -332,6 +344,12 @@ class Embedding:
         self.keysets = []
         self.loaded = False
         self.generation = 0
+
+    @property
+    def rows_in_use(self) -> int:
+        """Rows a training step may have touched: every row of a one-hot table, else the rows
+        handed out so far (the watermark). A Global update skips the rows past it."""
+        return self.capacity if self.one_hot else self.watermark
 
     # ---- key -> row translation ------------------------------------------------------
 
@@ -579,6 +597,6 @@ class Embedding:
         self.tfopt.step.assign_add(1)
         t = self.tfopt.step
         if self.spec.optimizer.update_type == "Global" and self.spec.optimizer.type != "SGD":
-            self.tfopt.apply_global(idx, g, self.table, self.slots, lr, t)
+            self.tfopt.apply_global(idx, g, self.table, self.slots, lr, t, used_rows)
         else:
             self.tfopt.apply_rows(idx, g, self.table, self.slots, lr, t)

@@ -447,7 +447,7 @@ class Session:
         for e, (splits, _), rows in zip(self.embeddings, self._inputs(batch), tr["rows"]):
             irows, ivals = e.pending_init(rows)
             args += [tf.constant(splits), tf.constant(rows), tf.constant(irows), tf.constant(ivals),
-                     tf.constant(e.watermark, tf.int64)]
+                     tf.constant(e.rows_in_use, tf.int64)]
         self._loss = self._train_fn(*args)
         self.iteration += 1
         self.last_batch_size = len(batch)
@@ -489,7 +489,7 @@ class Session:
     def check_overflow(self):
         """Raises FloatingPointError naming the first table or dense weight holding inf / NaN."""
         for e in self.embeddings:
-            n = e.watermark if not e.one_hot else e.capacity
+            n = e.rows_in_use
             if n and not bool(tf.reduce_all(tf.math.is_finite(e.table[:n]))):
                 raise FloatingPointError(f"Session.check_overflow: embedding {e.name!r} holds inf or NaN")
         for v in self.dense.weights():

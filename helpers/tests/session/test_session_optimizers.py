@@ -39,13 +39,18 @@ def test_dense_and_global_updates_match_hugectr_formulas(kind):
         g = rng.standard_normal((50, 8))
         opt.apply_dense([tf.constant(g, tf.float32)], [w], [slots], tf.constant(0.01), tf.constant(step, tf.int64))
         ref_w, ref_s = _numpy_rule(kind, ref_w, g, ref_s, 0.01, step)
-        # Global on a table: rows idx get their gradient, every other row a zero gradient
-        idx = np.sort(rng.choice(40, 7, replace=False))
+        # Global on a table: rows idx get their gradient, every other row in use a zero gradient.
+        # Rows in use grow like the Session's watermark (30 + step); the rows past them were
+        # never touched (zero state), so the rule leaves them as they are.
+        used = 30 + step
+        idx = np.sort(rng.choice(used, 7, replace=False))
         gr = rng.standard_normal((7, 4))
+        if step == 3:                            # unsorted, with a repeated row: summed first
+            idx, gr = np.concatenate([idx[::-1], idx[:2]]), np.concatenate([gr[::-1], gr[:2]])
         opt.apply_global(tf.constant(idx, tf.int64), tf.constant(gr, tf.float32), table, tslots,
-                         tf.constant(0.01), tf.constant(step, tf.int64))
+                         tf.constant(0.01), tf.constant(step, tf.int64), tf.constant(used, tf.int64))
         dense_g = np.zeros_like(table0)
-        dense_g[idx] = gr
+        np.add.at(dense_g, idx, gr)
         ref_t, ref_ts = _numpy_rule(kind, ref_t, dense_g, ref_ts, 0.01, step)
     np.testing.assert_allclose(w.numpy(), ref_w, rtol=1e-5, atol=1e-6)
     for var, ref in zip(slots, ref_s):
@@ -53,3 +58,27 @@ def test_dense_and_global_updates_match_hugectr_formulas(kind):
     np.testing.assert_allclose(table.numpy(), ref_t, rtol=1e-5, atol=1e-6)
     for var, ref in zip(tslots, ref_ts):
         np.testing.assert_allclose(var.numpy(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_global_adam_reads_no_row_past_the_rows_in_use():
+    """The compiled Global Adam pass stops at rows_used: state planted past it (NaN) is neither
+    read nor written, and a row index past rows_used extends the pass to that row only."""
+    rng = np.random.default_rng()
+    spec = OptimizerSpec(type="Adam", update_type="Global", learning_rate=0.01)
+    opt = TFOptimizer(spec)
+    table0 = rng.standard_normal((40, 4)).astype(np.float32)
+    table = tf.Variable(table0)
+    m0 = np.zeros((40, 4), np.float32)
+    m0[25:] = np.nan
+    tslots = [tf.Variable(m0), tf.Variable(m0.copy())]
+    idx, gr = np.array([3, 22], np.int64), rng.standard_normal((2, 4)).astype(np.float32)
+    opt.apply_global(tf.constant(idx), tf.constant(gr), table, tslots, tf.constant(0.01),
+                     tf.constant(1, tf.int64), tf.constant(21, tf.int64))
+    t = table.numpy()
+    assert np.isfinite(t).all() and np.array_equal(t[[21, 23, 24]], table0[[21, 23, 24]])
+    assert np.array_equal(t[25:], table0[25:])
+    assert np.isnan(tslots[0].numpy()[25:]).all() and np.isnan(tslots[1].numpy()[25:]).all()
+    assert (t[[3, 22]] != table0[[3, 22]]).all()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rows_used\\[0\\] = 41 is outside"):
+        opt.apply_global(tf.constant(idx), tf.constant(gr), table, tslots, tf.constant(0.01),
+                         tf.constant(2, tf.int64), tf.constant(41, tf.int64))
