@@ -4,8 +4,9 @@ model-oversubscription pass switch.
 1. Throughput, in one run: `embedlab.session.Session` over Norm file lists (HugeCTR's W&D JSON,
    sized for the data) against the W&D written by hand in Keras (`tf.keras.layers.Embedding`,
    `model.fit` on a TFRecord `tf.data` pipeline, Keras Adam), same batch, same data, at two
-   MLP widths: the notebook's (narrow, embedding-heavy) and HugeCTR's 1024-1024-1. Also the
-   Session's step breakdown (reader wait + translation, the compiled step).
+   MLP widths: the notebook's (narrow, embedding-heavy) and HugeCTR's 1024-1024-1. Each run
+   in a fresh process, interleaved over `--repeats` rounds; medians. Also the Session's step
+   breakdown (reader wait + translation, the compiled step).
 2. Oversubscription: a table 10x larger than the working capacity, trained pass by pass; the
    rate of each pass switch (bytes of row data written back + loaded, over its time) and the
    process's RSS over the run (peak vs working capacity x row size).
@@ -35,16 +36,34 @@ from _results import cpu_machine, default_out  # noqa: E402
 import numpy as np
 
 
-def throughput(work, rows, batch, hidden_list, lr=1e-3, freq_threshold=6):
-    import tensorflow as tf
-    from embedlab.data import formats
+def _one_measure(kind, jp, lists, tfr, vocabulary, hidden, batch, lr):
+    """samples/s of one configuration (run in a fresh process, see `throughput`)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from embedlab.session import Session, solver_parser_helper
+    from embedlab.session import lab
+    if kind == "keras":
+        model = lab.keras_wdl(vocabulary, hidden=hidden, lr=lr)
+        ds = lab.keras_wdl_dataset(str(tfr), batch)
+        return lab.time_keras_fit(model, ds)[0], 0
+    sess = Session(solver_parser_helper(batchsize=batch, seed=0), str(jp))
+    sps, it = lab.time_session_train(sess, lists)
+    sess.get_data_reader_train().close()
+    return sps, it
+
+
+def throughput(work, rows, batch, hidden_list, lr=1e-3, freq_threshold=6, repeats=3):
+    """Session (Global and Local updates) against Keras, per MLP width. Every measurement runs
+    in a fresh process (what one process ran before, threads and heap included, slowed the
+    next by up to 20 %), the three interleaved over `repeats` rounds; medians."""
+    import multiprocessing as mp
+    from embedlab.data import formats
     from embedlab.session import lab
     meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5, freq_threshold=freq_threshold)
     tfr = work / f"train_{rows}_f{freq_threshold}.tfrecord"
     if not tfr.exists():
         formats.parquet_to_tfrecord(meta["parquet"]["train"], tfr)
     here = Path(__file__).resolve().parents[1] / "tests" / "session" / "data" / "wdl.json"
+    ctx = mp.get_context("spawn")
     out = []
     for hidden in hidden_list:
         j = json.loads(here.read_text())
@@ -53,34 +72,33 @@ def throughput(work, rows, batch, hidden_list, lr=1e-3, freq_threshold=6):
         jp.write_text(json.dumps(j))
         lab.set_capacity(jp, meta["vocabulary"] + 16, hidden=hidden)
         row = {"hidden": hidden, "batch": batch, "rows": meta["split_rows"]["train"],
-               "freq_threshold": freq_threshold, "vocabulary": meta["vocabulary"]}
+               "freq_threshold": freq_threshold, "vocabulary": meta["vocabulary"], "repeats": repeats}
+        paths = {}
         for upd in ("Global", "Local"):
             jj = json.loads(jp.read_text())
             jj["optimizer"]["update_type"] = upd
-            ju = work / f"wdl_{hidden}_{upd}.json"
-            ju.write_text(json.dumps(jj))
-            sess = Session(solver_parser_helper(batchsize=batch, seed=0), str(ju))
-            sps, it = lab.time_session_train(sess, meta["lists"])
-            row[f"session_{upd}_samples_per_s"] = sps
-            # step breakdown: time the compiled step alone on one batch, repeated
-            r = sess.get_data_reader_train()
-            r.set_file_list_source(meta["lists"][0])
-            t0 = time.perf_counter()
-            b = r.next_batch()
-            t_read = time.perf_counter() - t0
-            row[f"session_{upd}_iterations"] = it
-            del sess, b, t_read
-        model = lab.keras_wdl(meta["vocabulary"], hidden=hidden, lr=lr)
-        ds = lab.keras_wdl_dataset(str(tfr), batch)
-        ksps, _ = lab.time_keras_fit(model, ds)
-        row["keras_samples_per_s"] = ksps
+            paths[upd] = work / f"wdl_{hidden}_{upd}.json"
+            paths[upd].write_text(json.dumps(jj))
+        runs = {"keras": [], "Global": [], "Local": []}
+        for _ in range(repeats):
+            for kind in runs:
+                with ctx.Pool(1) as pool:
+                    sps, it = pool.apply(_one_measure, (kind, paths.get(kind), meta["lists"], tfr,
+                                                        meta["vocabulary"], hidden, batch, lr))
+                runs[kind].append(sps)
+                if it:
+                    row[f"session_{kind}_iterations"] = it
+        for kind, v in runs.items():
+            name = "keras_samples_per_s" if kind == "keras" else f"session_{kind}_samples_per_s"
+            row[name] = float(np.median(v))
+            row[name + "_runs"] = v
+        ksps = row["keras_samples_per_s"]
         row["ratio_Global"] = row["session_Global_samples_per_s"] / ksps
         row["ratio_Local"] = row["session_Local_samples_per_s"] / ksps
         out.append(row)
         print(f"hidden {hidden:5d}  batch {batch}: Session Global {row['session_Global_samples_per_s']:9.0f}/s  "
               f"Local {row['session_Local_samples_per_s']:9.0f}/s  Keras {ksps:9.0f}/s  "
-              f"ratio {row['ratio_Global']:.2f}x / {row['ratio_Local']:.2f}x", flush=True)
-        tf.keras.backend.clear_session()
+              f"ratio {row['ratio_Global']:.2f}x / {row['ratio_Local']:.2f}x  (medians of {repeats})", flush=True)
     return out
 
 
@@ -207,6 +225,7 @@ def main():
     ap.add_argument("--capacity", type=int, default=200_000)
     ap.add_argument("--vec", type=int, default=16)
     ap.add_argument("--passes", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the throughput runs")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     a = ap.parse_args()
@@ -218,7 +237,8 @@ def main():
            "args": vars(a)}
     if not a.skip_throughput:
         widths = [a.narrow] + ([a.wide] if a.wide else [])
-        res["throughput"] = throughput(work, a.rows, a.batch, widths, freq_threshold=a.freq_threshold)
+        res["throughput"] = throughput(work, a.rows, a.batch, widths, freq_threshold=a.freq_threshold,
+                                       repeats=a.repeats)
         res["breakdown"] = {h: step_breakdown(work, a.rows, a.batch, h, freq_threshold=a.freq_threshold)
                             for h in widths}
         print("step breakdown (ms per iteration):", json.dumps(res["breakdown"]))
