@@ -192,6 +192,23 @@ void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams 
 void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
                      ThreadPool& pool);
 
+// Deferred Global Adam, exact: a row that no batch touches gets, at each step, the update with
+// a zero gradient, which needs nothing but the row's own state and the step's alpha. So instead
+// of a pass over every row at every step, a row carries the last step it is current through
+// (`last`), and before anything reads it the missed steps are replayed on it in order, with the
+// same float operations as global_adam_cpu's untouched rows, so the same bits. Replaying a few
+// steps on a row costs arithmetic on data in cache, not memory traffic.
+//
+// global_adam_catch_up_cpu brings rows up to step `target`: each row r with last[r] < target
+// takes steps last[r] + 1 .. target with a zero gradient, then last[r] = target. The rows are
+// rows[0 .. n) (any order; repeats are done once) or, when all_rows >= 0, rows [0, all_rows).
+// lr_ring[j % ring] is the learning rate of step j; a row more than `ring` - 1 steps behind
+// cannot be replayed and is an error: returns the first such row, or -1 (then nothing was
+// written). Other AdamParams fields: beta1, beta2, epsilon (lr and step are per replayed step).
+int64_t global_adam_catch_up_cpu(float* table, float* m, float* v, int64_t* last, int64_t num_rows, int64_t dim,
+                                 const int64_t* rows, int64_t n, int64_t all_rows, int64_t target,
+                                 const float* lr_ring, int64_t ring, AdamParams p, ThreadPool& pool);
+
 // True when indices are strictly increasing (so unique): the optimizers' fast path.
 bool strictly_increasing(const int64_t* indices, int64_t n);
 

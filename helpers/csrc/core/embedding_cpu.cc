@@ -784,6 +784,63 @@ void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, i
   });
 }
 
+int64_t global_adam_catch_up_cpu(float* table, float* m, float* v, int64_t* last, int64_t num_rows, int64_t dim,
+                                 const int64_t* rows, int64_t n, int64_t all_rows, int64_t target,
+                                 const float* lr_ring, int64_t ring, AdamParams p, ThreadPool& pool) {
+  const bool all = all_rows >= 0;
+  const int64_t count = all ? std::min(all_rows, num_rows) : n;
+  auto row_at = [&](int64_t i) { return all ? i : rows[i]; };
+  const int64_t oldest = target - ring + 1;     // the first step the ring still holds
+  // Check first, so that an error leaves every row as it was.
+  std::atomic<int64_t> behind{-1};
+  pool.parallel_for(count, 2, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const int64_t r = row_at(i);
+      if (last[r] < target && last[r] + 1 < std::max<int64_t>(oldest, 1)) {
+        int64_t none = -1;
+        behind.compare_exchange_strong(none, r);
+        return;
+      }
+    }
+  });
+  if (behind.load() >= 0) return behind.load();
+  // Step j's update: AdamRow(lr of step j, step j), the expression global_adam_cpu uses.
+  std::vector<AdamRow> steps;
+  const int64_t first = std::max<int64_t>(oldest, 1);
+  for (int64_t j = first; j <= target; ++j) {
+    AdamParams q = p;
+    q.lr = lr_ring[j % ring];
+    q.step = j;
+    steps.emplace_back(q);
+  }
+  pool.parallel_for(count, dim * AdamRow::kCost * 4, [&](int64_t b, int64_t e) {
+    dispatch_dim(dim, [&](auto width) {
+      const int64_t d_n = Width<decltype(width)::value>::get(dim);
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = row_at(i);
+        int64_t from = __atomic_load_n(&last[r], __ATOMIC_ACQUIRE);
+        // Claim the row (a repeated row in `rows` is replayed by one thread only).
+        while (from < target &&
+               !__atomic_compare_exchange_n(&last[r], &from, target, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        }
+        if (from >= target) continue;
+        float* W = table + r * dim;
+        float* M = m + r * dim;
+        float* V = v + r * dim;
+        for (int64_t j = from + 1; j <= target; ++j) {
+          const AdamRow& u = steps[j - first];
+          for (int64_t d = 0; d < d_n; ++d) {   // AdamRow with g = 0, as in global_adam_cpu
+            M[d] += (0.f - M[d]) * u.one_b1;
+            V[d] += (0.f - V[d]) * u.one_b2;
+            W[d] -= (M[d] * u.alpha) / (std::sqrt(V[d]) + u.eps);
+          }
+        }
+      }
+    });
+  });
+  return -1;
+}
+
 std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
                                 bool* in_order, int64_t stride) {
   std::fill(row_offsets, row_offsets + batch + 1, 0);

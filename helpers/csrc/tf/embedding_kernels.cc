@@ -609,6 +609,64 @@ class GlobalApplyAdamOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabGlobalApplyAdam").Device(DEVICE_CPU), GlobalApplyAdamOp);
+
+class GlobalAdamCatchUpOp : public OpKernel {
+ public:
+  explicit GlobalAdamCatchUpOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* ctx) override {
+    const std::string& op = type_string();
+    const Tensor& rows_t = ctx->input(4);
+    const Tensor& all_t = ctx->input(5);
+    const Tensor& target_t = ctx->input(6);
+    const Tensor& ring_t = ctx->input(7);
+    OP_REQUIRES(ctx, rows_t.dims() == 1, errors::InvalidArgument(op, ": rows must be a vector, got ", rows_t.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(all_t.shape()) && TensorShapeUtils::IsScalar(target_t.shape()),
+                errors::InvalidArgument(op, ": all_rows and target must be scalars"));
+    OP_REQUIRES(ctx, ring_t.dims() == 1 && ring_t.NumElements() >= 1,
+                errors::InvalidArgument(op, ": lr_ring must be a non-empty vector, got ", ring_t.shape().DebugString()));
+    const Tensor& b1_t = ctx->input(8);
+    const Tensor& b2_t = ctx->input(9);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(b1_t.shape()) && TensorShapeUtils::IsScalar(b2_t.shape()),
+                errors::InvalidArgument(op, ": beta_1 and beta_2 must be scalars"));
+    EMBEDLAB_SCALAR(eps, 10, "epsilon");
+    const int64_t target = target_t.scalar<int64_t>()(), all_rows = all_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, target >= 0, errors::InvalidArgument(op, ": target must be >= 0, got ", target));
+    LockedState state;
+    OP_REQUIRES_OK(ctx, state.Lock(ctx, 0, 1, 2, "m"));
+    VariableInputLockHolder lock =
+        MaybeLockVariableInputMutexesInOrder<CPUDevice, int64_t>(ctx, /*do_lock=*/true, /*sparse=*/true, {3});
+    Tensor last;
+    OP_REQUIRES_OK(ctx, GetInputTensorFromVariable<CPUDevice, int64_t>(ctx, 3, /*lock_held=*/true, /*sparse=*/true, &last));
+    const int64_t num_rows = state.rows(0);
+    OP_REQUIRES(ctx, last.IsInitialized() && last.dims() == 1 && last.dim_size(0) == num_rows,
+                errors::InvalidArgument(op, ": last must be an int64 vector of the table's ", num_rows,
+                                        " rows, got ", last.shape().DebugString()));
+    OP_REQUIRES(ctx, all_rows <= num_rows,
+                errors::InvalidArgument(op, ": all_rows ", all_rows, " is more than the table's ", num_rows, " rows"));
+    const int64_t* rows = rows_t.flat<int64_t>().data();
+    const int64_t n = rows_t.NumElements();
+    if (all_rows < 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        OP_REQUIRES(ctx, rows[i] >= 0 && rows[i] < num_rows,
+                    errors::InvalidArgument(op, ": row ", rows[i], " at position ", i, " is outside the table of ",
+                                            num_rows, " rows; nothing was updated"));
+      }
+    }
+    embedlab::SparseUpdateArgs a = state.target(0);
+    TfPool pool(ctx);
+    embedlab::AdamParams p{0.f, b1_t.scalar<double>()(), b2_t.scalar<double>()(), eps, 0};
+    const int64_t behind = embedlab::global_adam_catch_up_cpu(
+        a.table, a.slot1, a.slot2, last.flat<int64_t>().data(), num_rows, a.dim, rows, n, all_rows, target,
+        ring_t.flat<float>().data(), ring_t.NumElements(), p, pool);
+    OP_REQUIRES(ctx, behind < 0,
+                errors::InvalidArgument(op, ": row ", behind, " is current only through step ",
+                                        last.flat<int64_t>()(behind), ", more than ", ring_t.NumElements() - 1,
+                                        " steps before step ", target, " (the learning-rate ring's reach); "
+                                        "nothing was updated"));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabGlobalAdamCatchUp").Device(DEVICE_CPU), GlobalAdamCatchUpOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplySGD").Device(DEVICE_CPU), SparseApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdagrad").Device(DEVICE_CPU), SparseApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam").Device(DEVICE_CPU), SparseApplyAdamOp);

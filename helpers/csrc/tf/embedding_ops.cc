@@ -271,4 +271,23 @@ REGISTER_OP("EmbedLabGlobalApplyAdam")
          "zero gradient; rows past rows_used (m = v = 0, never touched) do not move and are not read. "
          "rows_used: [num_tables] int64 in [0, rows]. Same expression order as EmbedLabSparseApplyAdam.");
 
+REGISTER_OP("EmbedLabGlobalAdamCatchUp")
+    .Input("var: resource")
+    .Input("m: resource")
+    .Input("v: resource")
+    .Input("last: resource")
+    .Input("rows: int64")
+    .Input("all_rows: int64")
+    .Input("target: int64")
+    .Input("lr_ring: float")
+    .Input("beta_1: double")
+    .Input("beta_2: double")
+    .Input("epsilon: float")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Deferred exact Global Adam (csrc/core/embedding.h, global_adam_catch_up_cpu): brings rows "
+         "(any order, repeats allowed) or, when all_rows >= 0, rows [0, all_rows) up to step target by "
+         "replaying the zero-gradient updates they missed since last[row] (int64 variable, one entry "
+         "per table row), with the learning rate of step j at lr_ring[j % len(lr_ring)]. A row too far "
+         "behind for the ring is an error and nothing is written.");
+
 }  // namespace tensorflow

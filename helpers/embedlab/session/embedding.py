@@ -301,6 +301,11 @@ class Embedding:
             table in a `HostStore` under `store_dir` and train pass by pass.
     """
 
+    # Global Adam is deferred (rows catch up on the steps they missed when read; every row at
+    # least every GLOBAL_SYNC_EVERY steps); False runs the full pass at every step instead.
+    DEFER_GLOBAL = True
+    GLOBAL_SYNC_EVERY = 32
+
     def __init__(self, spec: EmbeddingSpec, seed: int, oversubscribe: bool = False, store_dir=None):
         self.spec, self.seed = spec, seed
         self.vec, self.capacity = spec.vec, spec.capacity
@@ -325,6 +330,12 @@ class Embedding:
         else:
             self.kopt = None
             self.slots = self.tfopt.make_slots([self.capacity, self.vec], spec.name)
+        # Global Adam, deferred and exact (see `begin_step`): the step each row is current
+        # through, and the learning rate of step j at lr_ring[j % GLOBAL_SYNC_EVERY].
+        self.deferred_global = self.DEFER_GLOBAL and o.update_type == "Global" and o.type == "Adam"
+        if self.deferred_global:
+            self.last = tf.Variable(tf.zeros([self.capacity], tf.int64), trainable=False, name=f"{spec.name}_last")
+            self.lr_ring = tf.Variable(tf.zeros([self.GLOBAL_SYNC_EVERY]), trainable=False, name=f"{spec.name}_lrs")
         self.lock = threading.Lock()
         self.one_hot = spec.one_hot
         if self.one_hot:
@@ -463,6 +474,7 @@ class Embedding:
                 raise KeyError_(f"embedding {self.name!r}: stored key {int(keys[bad[0]])} is outside the "
                                 f"one-hot table of {self.capacity} rows")
             self.table.scatter_update(tf.IndexedSlices(vectors, keys))
+            self._mark_current()
             return
         if self.oversub:
             if len(np.unique(keys)) != len(keys):
@@ -482,10 +494,12 @@ class Embedding:
                 self.row_slots[rows] = slot_ids
             self.watermark = int(self.keys_table.size())
         self.table.scatter_update(tf.IndexedSlices(tf.constant(vectors), tf.constant(rows)))
+        self._mark_current()
 
     def export(self):
         """(keys, vectors, slot_ids or None) of the whole table (with oversubscription: the store)."""
         localized = self.spec.localized
+        self.sync()
         if self.one_hot:
             keys = np.arange(self.capacity, dtype=np.int64)
             slots = np.searchsorted(self.slot_hi, keys, side="right")
@@ -512,6 +526,7 @@ class Embedding:
         """Writes the working rows (values and optimizer state) to the store. Returns bytes moved."""
         if not self.oversub or not self.loaded:
             return 0
+        self.sync()
         with self.lock:
             n = self.watermark
             keys = self.row_keys[:n].copy()
@@ -567,7 +582,13 @@ class Embedding:
                 c += self.vec
             moved += vals.nbytes + st.nbytes
         self.store._release()
+        self._mark_current()
         return moved
+
+    def _mark_current(self):
+        """Deferred Global Adam: rows just written from outside (a load) are current as of now."""
+        if self.deferred_global:
+            self.last.assign(tf.fill([self.capacity], self.tfopt.step.read_value()))
 
     # ---- training-step pieces (called inside tf.function) ----------------------------
 
@@ -583,6 +604,33 @@ class Embedding:
         self.table.scatter_update(tf.IndexedSlices(values, rows))
         for s in self.slots:
             s.scatter_update(tf.IndexedSlices(tf.zeros_like(values), rows))
+        if self.deferred_global:        # fresh rows are current (zero state: nothing to replay)
+            self.last.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), self.tfopt.step.read_value()), rows))
+
+    def _catch_up(self, rows, all_rows, target):
+        o = self.spec.optimizer
+        _native.tf_ops().embed_lab_global_adam_catch_up(
+            self.table.handle, self.slots[0].handle, self.slots[1].handle, self.last.handle, rows,
+            tf.cast(all_rows, tf.int64), tf.cast(target, tf.int64), self.lr_ring.read_value(),
+            tf.constant(o.beta1, tf.float64), tf.constant(o.beta2, tf.float64), tf.constant(o.epsilon, tf.float32))
+
+    def begin_step(self, rows, lr):
+        """Deferred Global Adam, before the step's lookup: records this step's learning rate and
+        brings the batch's rows up to the previous step (replaying, per row, the zero-gradient
+        updates of the steps it missed: the same arithmetic as a pass over every row at every
+        step, so the same bits, but only on rows something reads)."""
+        if not self.deferred_global:
+            return
+        t = self.tfopt.step.read_value() + 1
+        self.lr_ring.scatter_update(tf.IndexedSlices(tf.reshape(tf.cast(lr, tf.float32), [1]),
+                                                     tf.reshape(t % self.GLOBAL_SYNC_EVERY, [1])))
+        self._catch_up(rows, -1, t - 1)
+
+    def sync(self):
+        """Deferred Global Adam: brings every row in use up to the last trained step (before the
+        table is read outside a training step: evaluation, export, write-back, checks)."""
+        if self.deferred_global:
+            self._catch_up(tf.zeros([0], tf.int64), self.rows_in_use, self.tfopt.step.read_value())
 
     def apply(self, grad, lr, used_rows):
         """Non-compiled update (MomentumSGD / Nesterov, or any Global update) from the table's
@@ -596,6 +644,19 @@ class Embedding:
             idx = tf.range(tf.shape(g, out_type=tf.int64)[0])
         self.tfopt.step.assign_add(1)
         t = self.tfopt.step
+        if self.deferred_global:
+            # The batch's rows are current through t - 1 (begin_step): step t with their
+            # gradients (the rows' update of a full pass), then every row every K steps.
+            o = self.spec.optimizer
+            _native.tf_ops().embed_lab_sparse_apply_adam(
+                [self.table.handle], [self.slots[0].handle], [self.slots[1].handle], [idx], [g],
+                tf.cast(lr, tf.float32), tf.constant(o.beta1, tf.float64), tf.constant(o.beta2, tf.float64),
+                tf.constant(o.epsilon, tf.float32), tf.cast(t, tf.int64))
+            tv = t.read_value()
+            self.last.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(idx), tv), idx))
+            k = self.GLOBAL_SYNC_EVERY
+            self._catch_up(tf.zeros([0], tf.int64), tf.where(tv % k == 0, tf.cast(used_rows, tf.int64), -1), tv)
+            return
         if self.spec.optimizer.update_type == "Global" and self.spec.optimizer.type != "SGD":
             self.tfopt.apply_global(idx, g, self.table, self.slots, lr, t, used_rows)
         else:

@@ -328,6 +328,8 @@ class Session:
             per = [rest[5 * i:5 * i + 5] for i in range(len(embs))]
             for e, (_, _, irows, ivals, _) in zip(embs, per):
                 e.init_rows(irows, ivals)
+            for i, (e, (_, rows, _, _, _)) in enumerate(zip(embs, per)):
+                e.begin_step(rows, lr_e[i])
             for i, e in enumerate(embs):
                 if e.compiled:
                     e.kopt.learning_rate = lr_e[i]
@@ -463,6 +465,8 @@ class Session:
         """Runs up to `max_eval_batches` batches of the evaluation list (from its start) and
         returns `[("AUC", value)]`. Keys absent from the working tables (never trained, or under
         oversubscription outside the loaded keysets) contribute nothing to their slot."""
+        for e in self.embeddings:
+            e.sync()
         r = self.reader_eval
         if not r.fresh:
             r.restart()
@@ -489,6 +493,7 @@ class Session:
     def check_overflow(self):
         """Raises FloatingPointError naming the first table or dense weight holding inf / NaN."""
         for e in self.embeddings:
+            e.sync()
             n = e.rows_in_use
             if n and not bool(tf.reduce_all(tf.math.is_finite(e.table[:n]))):
                 raise FloatingPointError(f"Session.check_overflow: embedding {e.name!r} holds inf or NaN")

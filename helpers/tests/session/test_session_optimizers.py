@@ -82,3 +82,43 @@ def test_global_adam_reads_no_row_past_the_rows_in_use():
     with pytest.raises(tf.errors.InvalidArgumentError, match="rows_used\\[0\\] = 41 is outside"):
         opt.apply_global(tf.constant(idx), tf.constant(gr), table, tslots, tf.constant(0.01),
                          tf.constant(2, tf.int64), tf.constant(41, tf.int64))
+
+
+def test_catch_up_replays_missed_steps_exactly_and_refuses_rows_too_far_behind():
+    """EmbedLabGlobalAdamCatchUp on a row 3 steps behind equals 3 full passes with a zero
+    gradient, bit for bit; repeated rows are replayed once; a row further behind than the
+    learning-rate ring reaches is an error naming it, and nothing is written."""
+    from embedlab import _native
+    ops = _native.tf_ops()
+    rng = np.random.default_rng()
+    spec = OptimizerSpec(type="Adam", update_type="Global", learning_rate=0.01)
+    opt = TFOptimizer(spec)
+    w0 = rng.standard_normal((6, 8)).astype(np.float32)
+    m0 = (rng.standard_normal((6, 8)) * 1e-2).astype(np.float32)
+    v0 = (rng.random((6, 8)) * 1e-3).astype(np.float32)
+    full = [tf.Variable(x) for x in (w0, m0, v0)]
+    lrs = np.array([0.01, 0.02, 0.005, 0.01, 0.03], np.float32)          # step j at j % 5
+    for j in (5, 6, 7):                                                   # three full passes
+        opt.apply_global(tf.zeros([0], tf.int64), tf.zeros([0, 8]), full[0], full[1:],
+                         tf.constant(lrs[j % 5]), tf.constant(j, tf.int64), tf.constant(6, tf.int64))
+    lazy = [tf.Variable(x) for x in (w0, m0, v0)]
+    last = tf.Variable(np.full(6, 4, np.int64))
+
+    def catch_up(rows, all_rows, target):
+        ops.embed_lab_global_adam_catch_up(lazy[0].handle, lazy[1].handle, lazy[2].handle, last.handle,
+                                           tf.constant(rows, tf.int64), tf.constant(all_rows, tf.int64),
+                                           tf.constant(target, tf.int64), tf.constant(lrs),
+                                           tf.constant(0.9, tf.float64), tf.constant(0.999, tf.float64),
+                                           tf.constant(1e-7, tf.float32))
+
+    catch_up([2, 2, 4], -1, 7)
+    assert last.numpy().tolist() == [4, 4, 7, 4, 7, 4]
+    catch_up([], 6, 7)                                                    # the rest
+    for a, b in zip(lazy, full):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    before = [x.numpy().copy() for x in lazy]
+    last.assign(np.array([7, 7, 7, 1, 7, 7], np.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row 3 is current only through step 1, more than 4 steps"):
+        catch_up([0, 3, 5], -1, 9)
+    for a, b in zip(lazy, before):
+        np.testing.assert_array_equal(a.numpy(), b)
