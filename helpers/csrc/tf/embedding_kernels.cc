@@ -519,6 +519,29 @@ bool Scalar(OpKernelContext* ctx, int i, const char* name, float* out) {
   float var;                          \
   if (!Scalar(ctx, i, name, &var)) return;
 
+// Adam's hyperparameters from inputs first .. first + 4: lr, beta_1 (double), beta_2 (double),
+// epsilon, step (int64, 1-based). False (with the op failed) when one is malformed.
+bool AdamInputs(OpKernelContext* ctx, int first, embedlab::AdamParams* p) {
+  const std::string& op = ctx->op_kernel().type_string();
+  float lr, eps;
+  if (!Scalar(ctx, first, "lr", &lr) || !Scalar(ctx, first + 3, "epsilon", &eps)) return false;
+  const Tensor& b1 = ctx->input(first + 1);
+  const Tensor& b2 = ctx->input(first + 2);
+  const Tensor& step = ctx->input(first + 4);
+  if (!TensorShapeUtils::IsScalar(b1.shape()) || !TensorShapeUtils::IsScalar(b2.shape()) ||
+      !TensorShapeUtils::IsScalar(step.shape())) {
+    ctx->CtxFailure(errors::InvalidArgument(op, ": beta_1, beta_2 and step must be scalars"));
+    return false;
+  }
+  const int64_t t = step.scalar<int64_t>()();
+  if (t < 1) {
+    ctx->CtxFailure(errors::InvalidArgument(op, ": step must be >= 1, got ", t));
+    return false;
+  }
+  *p = {lr, b1.scalar<double>()(), b2.scalar<double>()(), eps, t};
+  return true;
+}
+
 class SparseApplySgdOp : public OpKernel {
  public:
   explicit SparseApplySgdOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
@@ -552,20 +575,10 @@ class SparseApplyAdamOp : public OpKernel {
  public:
   explicit SparseApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
   void Compute(OpKernelContext* ctx) override {
-    EMBEDLAB_SCALAR(lr, 5 * n_, "lr");
-    const Tensor& b1_t = ctx->input(5 * n_ + 1);
-    const Tensor& b2_t = ctx->input(5 * n_ + 2);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(b1_t.shape()) && TensorShapeUtils::IsScalar(b2_t.shape()),
-                errors::InvalidArgument(type_string(), ": beta_1 and beta_2 must be scalars"));
-    const double b1 = b1_t.scalar<double>()(), b2 = b2_t.scalar<double>()();
-    EMBEDLAB_SCALAR(eps, 5 * n_ + 3, "epsilon");
-    const Tensor& step_t = ctx->input(5 * n_ + 4);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
-                errors::InvalidArgument(type_string(), ": step must be a scalar"));
-    const int64_t step = step_t.scalar<int64_t>()();
-    OP_REQUIRES(ctx, step >= 1, errors::InvalidArgument(type_string(), ": step must be >= 1, got ", step));
+    embedlab::AdamParams adam;
+    if (!AdamInputs(ctx, 5 * n_, &adam)) return;
     ApplySparse<2>(this, ctx, n_, [&](std::vector<embedlab::SparseUpdateArgs>& a, embedlab::ThreadPool& p) {
-      embedlab::sparse_adam_cpu(a.data(), n_, {lr, b1, b2, eps, step}, p);
+      embedlab::sparse_adam_cpu(a.data(), n_, adam, p);
     });
   }
 
@@ -577,18 +590,8 @@ class GlobalApplyAdamOp : public OpKernel {
  public:
   explicit GlobalApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
   void Compute(OpKernelContext* ctx) override {
-    EMBEDLAB_SCALAR(lr, 5 * n_, "lr");
-    const Tensor& b1_t = ctx->input(5 * n_ + 1);
-    const Tensor& b2_t = ctx->input(5 * n_ + 2);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(b1_t.shape()) && TensorShapeUtils::IsScalar(b2_t.shape()),
-                errors::InvalidArgument(type_string(), ": beta_1 and beta_2 must be scalars"));
-    const double b1 = b1_t.scalar<double>()(), b2 = b2_t.scalar<double>()();
-    EMBEDLAB_SCALAR(eps, 5 * n_ + 3, "epsilon");
-    const Tensor& step_t = ctx->input(5 * n_ + 4);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(step_t.shape()),
-                errors::InvalidArgument(type_string(), ": step must be a scalar"));
-    const int64_t step = step_t.scalar<int64_t>()();
-    OP_REQUIRES(ctx, step >= 1, errors::InvalidArgument(type_string(), ": step must be >= 1, got ", step));
+    embedlab::AdamParams adam;
+    if (!AdamInputs(ctx, 5 * n_, &adam)) return;
     const Tensor& used_t = ctx->input(5 * n_ + 5);
     OP_REQUIRES(ctx, used_t.dims() == 1 && used_t.NumElements() == n_,
                 errors::InvalidArgument(type_string(), ": rows_used must be a vector of ", n_, " entries, got shape ",
@@ -600,7 +603,7 @@ class GlobalApplyAdamOp : public OpKernel {
                     errors::InvalidArgument(type_string(), ": rows_used[", t, "] = ", used[t], " is outside [0, ",
                                             a[t].num_rows, "]; nothing was updated"));
       }
-      embedlab::global_adam_cpu(a.data(), used, n_, {lr, b1, b2, eps, step}, p);
+      embedlab::global_adam_cpu(a.data(), used, n_, adam, p);
     });
   }
 
