@@ -617,6 +617,17 @@ struct AdamRow {
       w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + eps);
     }
   }
+  // The same update with g = 0: a row no batch touched at this step (Global Adam). The full
+  // pass and the deferred catch-up both use this one, which is what makes them the same bits.
+  template <typename W>
+  void zero_grad(W, float* __restrict w, float* __restrict m, float* __restrict v, int64_t dim_rt) const {
+    const int64_t dim = Width<W::value>::get(dim_rt);
+    for (int64_t d = 0; d < dim; ++d) {
+      m[d] += (0.f - m[d]) * one_b1;
+      v[d] += (0.f - v[d]) * one_b2;
+      w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + eps);
+    }
+  }
 };
 
 template <typename RowUpdate>
@@ -763,7 +774,6 @@ void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, i
       const SparseUpdateArgs& a = tables[t];
       int64_t j = std::lower_bound(a.indices, a.indices + a.n, r0) - a.indices;
       dispatch_dim(a.dim, [&](auto width) {
-        const int64_t dim = Width<decltype(width)::value>::get(a.dim);
         for (int64_t r = r0; r < r1; ++r) {
           float* w = a.table + r * a.dim;
           float* m = a.slot1 + r * a.dim;
@@ -771,12 +781,8 @@ void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, i
           if (j < a.n && a.indices[j] == r) {
             update(width, w, m, v, a.grads + j * a.dim, a.dim);
             ++j;
-            continue;
-          }
-          for (int64_t d = 0; d < dim; ++d) {   // AdamRow with g = 0
-            m[d] += (0.f - m[d]) * update.one_b1;
-            v[d] += (0.f - v[d]) * update.one_b2;
-            w[d] -= (m[d] * update.alpha) / (std::sqrt(v[d]) + update.eps);
+          } else {
+            update.zero_grad(width, w, m, v, a.dim);
           }
         }
       });
@@ -815,7 +821,6 @@ int64_t global_adam_catch_up_cpu(float* table, float* m, float* v, int64_t* last
   }
   pool.parallel_for(count, dim * AdamRow::kCost * 4, [&](int64_t b, int64_t e) {
     dispatch_dim(dim, [&](auto width) {
-      const int64_t d_n = Width<decltype(width)::value>::get(dim);
       for (int64_t i = b; i < e; ++i) {
         const int64_t r = row_at(i);
         int64_t from = __atomic_load_n(&last[r], __ATOMIC_ACQUIRE);
@@ -824,17 +829,8 @@ int64_t global_adam_catch_up_cpu(float* table, float* m, float* v, int64_t* last
                !__atomic_compare_exchange_n(&last[r], &from, target, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         }
         if (from >= target) continue;
-        float* W = table + r * dim;
-        float* M = m + r * dim;
-        float* V = v + r * dim;
-        for (int64_t j = from + 1; j <= target; ++j) {
-          const AdamRow& u = steps[j - first];
-          for (int64_t d = 0; d < d_n; ++d) {   // AdamRow with g = 0, as in global_adam_cpu
-            M[d] += (0.f - M[d]) * u.one_b1;
-            V[d] += (0.f - V[d]) * u.one_b2;
-            W[d] -= (M[d] * u.alpha) / (std::sqrt(V[d]) + u.eps);
-          }
-        }
+        for (int64_t j = from + 1; j <= target; ++j)
+          steps[j - first].zero_grad(width, table + r * dim, m + r * dim, v + r * dim, dim);
       }
     });
   });
