@@ -371,9 +371,9 @@ class RocksDBTier:
     memtables and every level-0 file.
 
     A lookup sorts its keys (neighbouring keys share index and data blocks) and splits them into
-    chunks that ``min(num_threads, cores)`` threads (``persistent_db.num_threads``) fetch at once: rocksdict releases the GIL
-    for RocksDB's batched MultiGet, so one thread's multi-get runs while another copies its
-    values into the output. Numbers: helpers/benchmarks/RESULTS.md, ``## hps_db``.
+    chunks that ``min(persistent_db.num_threads, cores)`` threads fetch at once: rocksdict
+    releases the GIL for RocksDB's batched MultiGet, so one thread's multi-get runs while another
+    copies its values into the output. Numbers: helpers/benchmarks/RESULTS.md, ``## hps_db``.
     """
     BLOCK_CACHE_BYTES = 256 << 20
     MIN_CHUNK = 4096          # keys per multi-get below which splitting a lookup costs more than it saves
