@@ -149,6 +149,19 @@ class TFOptimizer:
         for var, val in zip(slots, ns):
             var.scatter_update(tf.IndexedSlices(val, idx))
 
+    def adam_constants(self):
+        """beta_1, beta_2 (float64: `1 - beta` then rounds like Keras' Python floats) and epsilon,
+        as the compiled Adam ops take them."""
+        s = self.spec
+        return tf.constant(s.beta1, tf.float64), tf.constant(s.beta2, tf.float64), tf.constant(s.epsilon, tf.float32)
+
+    def apply_adam_rows(self, idx, g, table, slots, lr, t):
+        """Adam on rows idx only, compiled (`EmbedLabSparseApplyAdam`): the update a full Global
+        pass gives the rows that have a gradient."""
+        _native.tf_ops().embed_lab_sparse_apply_adam(
+            [table.handle], [slots[0].handle], [slots[1].handle], [idx], [g], tf.cast(lr, tf.float32),
+            *self.adam_constants(), tf.cast(t, tf.int64))
+
     def apply_global(self, idx, g, table, slots, lr, t, used_rows):
         """Global: every row is updated, untouched ones with a zero gradient. Rows no key ever
         reached (those from `used_rows` on) have zero state and a zero gradient, which these
@@ -161,9 +174,7 @@ class TFOptimizer:
         if s.type == "Adam":
             _native.tf_ops().embed_lab_global_apply_adam(
                 [table.handle], [slots[0].handle], [slots[1].handle], [idx], [g], tf.cast(lr, tf.float32),
-                tf.constant(s.beta1, tf.float64), tf.constant(s.beta2, tf.float64),
-                tf.constant(s.epsilon, tf.float32), tf.cast(t, tf.int64),
-                tf.reshape(tf.cast(used_rows, tf.int64), [1]))
+                *self.adam_constants(), tf.cast(t, tf.int64), tf.reshape(tf.cast(used_rows, tf.int64), [1]))
             return
         dense_g = tf.scatter_nd(idx[:, None], g, tf.shape(table, out_type=tf.int64))
         self._apply_one(table, slots, dense_g, lr, t)
@@ -605,14 +616,16 @@ class Embedding:
         for s in self.slots:
             s.scatter_update(tf.IndexedSlices(tf.zeros_like(values), rows))
         if self.deferred_global:        # fresh rows are current (zero state: nothing to replay)
-            self.last.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), self.tfopt.step.read_value()), rows))
+            self._set_last(rows, self.tfopt.step.read_value())
+
+    def _set_last(self, rows, step):
+        self.last.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), step), rows))
 
     def _catch_up(self, rows, all_rows, target):
-        o = self.spec.optimizer
         _native.tf_ops().embed_lab_global_adam_catch_up(
             self.table.handle, self.slots[0].handle, self.slots[1].handle, self.last.handle, rows,
             tf.cast(all_rows, tf.int64), tf.cast(target, tf.int64), self.lr_ring.read_value(),
-            tf.constant(o.beta1, tf.float64), tf.constant(o.beta2, tf.float64), tf.constant(o.epsilon, tf.float32))
+            *self.tfopt.adam_constants())
 
     def begin_step(self, rows, lr):
         """Deferred Global Adam, before the step's lookup: records this step's learning rate and
@@ -647,13 +660,9 @@ class Embedding:
         if self.deferred_global:
             # The batch's rows are current through t - 1 (begin_step): step t with their
             # gradients (the rows' update of a full pass), then every row every K steps.
-            o = self.spec.optimizer
-            _native.tf_ops().embed_lab_sparse_apply_adam(
-                [self.table.handle], [self.slots[0].handle], [self.slots[1].handle], [idx], [g],
-                tf.cast(lr, tf.float32), tf.constant(o.beta1, tf.float64), tf.constant(o.beta2, tf.float64),
-                tf.constant(o.epsilon, tf.float32), tf.cast(t, tf.int64))
+            self.tfopt.apply_adam_rows(idx, g, self.table, self.slots, lr, t)
             tv = t.read_value()
-            self.last.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(idx), tv), idx))
+            self._set_last(idx, tv)
             k = self.GLOBAL_SYNC_EVERY
             self._catch_up(tf.zeros([0], tf.int64), tf.where(tv % k == 0, tf.cast(used_rows, tf.int64), -1), tv)
             return

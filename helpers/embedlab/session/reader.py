@@ -31,8 +31,6 @@ from .spec import DataSpec
 
 __all__ = ["DataReader", "Batch", "FormatError", "read_norm_block", "read_file_list"]
 
-_KEY = {False: np.dtype("<u4"), True: np.dtype("<i8")}
-
 
 @dataclass
 class Block:
@@ -155,7 +153,7 @@ def read_norm_block(path, data: DataSpec, i64_key: bool) -> Block:
                           f"{data.slot_num} (the sum of its sparse inputs' slot_num)")
     inputs = [(inp.first_slot, inp.slot_num) for inp in data.sparse]
     err, label, dense, nnz, decoded = _native.core().decode_norm(
-        raw, pos, n, ld, dd, sn, check, _KEY[i64_key].itemsize, inputs)
+        raw, pos, n, ld, dd, sn, check, 8 if i64_key else 4, inputs)
     if err is not None:
         status, r, s, o, v, w = err
         msg = _NORM_ERRORS[status].format(r=r, s=s, o=o, v=v, w=w, n=n, slot=f" slot {s}" if s >= 0 else "")
