@@ -19,13 +19,16 @@ export EMBEDLAB_CPU_ISA ?= AUTO
 # JupyterLab's address (make lab). The Docker images set 0.0.0.0 and publish the port on the
 # host's loopback only.
 LAB_IP ?= 127.0.0.1
+LAB_PORT ?= 8888
 
-.PHONY: help setup run test test-py test-nb lab bench clean FORCE
+.PHONY: help setup run test test-py test-nb lab lab-test docker-test bench clean FORCE
 help:
 	@echo "make setup  create .venv, install requirements.txt, build and install helpers/ (idempotent)"
 	@echo "make run    setup, then execute every notebook into build/notebooks (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small})"
 	@echo "make test   setup, then pytest helpers/ and nbval on every notebook (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-ci})"
-	@echo "make lab    setup, then JupyterLab on $(LAB_IP) with token auth"
+	@echo "make lab    setup, then JupyterLab on $(LAB_IP):$(LAB_PORT) with token auth"
+	@echo "make lab-test     start \`make lab\` and run notebook 01 in it with headless Chromium"
+	@echo "make docker-test  build docker/Dockerfile.cpu, start it with its own CMD, browser-test its lab"
 	@echo "make bench  setup, then the benchmark scripts in helpers/benchmarks"
 	@echo "make clean  remove build outputs and empty data/cache/"
 
@@ -99,7 +102,15 @@ test-nb:
 # Token authentication stays on and the server binds to LAB_IP; --allow-root is added only when
 # running as root (containers, many lab machines), where Jupyter refuses to start without it.
 lab: setup
-	bash ci/lab.sh --ip=$(LAB_IP)
+	LAB_IP=$(LAB_IP) LAB_PORT=$(LAB_PORT) bash ci/lab.sh
+
+# The lab as a learner sees it: `make lab` started for real, driven by headless Chromium.
+lab-test: setup
+	bash ci/lab_test.sh
+
+# The CPU image built and started with its own CMD, its lab driven by headless Chromium.
+docker-test: setup
+	bash ci/docker_test.sh
 
 # CPU benchmarks always; the GPU one where PyTorch sees a CUDA device (it compares with PyTorch).
 bench: setup
