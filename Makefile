@@ -65,19 +65,12 @@ $(VENV)/.embedlab: $(VENV)/.requirements $(VENV)/.build-options $(HELPERS_SRC)
 	@$(PY) -c "import embedlab, json; print('   embedlab build:', json.dumps(embedlab.build_info()))"
 	@touch $@
 
-# One line per notebook with its time; a failing notebook's log is printed and stops the run.
+# One line per notebook with its time. A failing notebook is still written (with its error) to RUN_DIR,
+# the run stops there with a non-zero exit, and the message names the notebook, the cell and the error.
+RUN_DIR ?= build/notebooks
 run: setup
-	@mkdir -p build/notebooks
-	@export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small}; \
-	echo "== executing $(words $(NOTEBOOKS)) notebooks (EMBEDLAB_SCALE=$$EMBEDLAB_SCALE) into build/notebooks/"; \
-	for nb in $(NOTEBOOKS); do \
-	  name=$$(basename "$$nb" .ipynb); t0=$$(date +%s); printf '   %-36s ' "$$name"; \
-	  if $(PY) -m jupyter nbconvert --to notebook --execute --ExecutePreprocessor.timeout=3600 --log-level=WARN \
-	       --output-dir build/notebooks "$$nb" > "build/notebooks/$$name.log" 2>&1; then \
-	    echo "ok in $$(( $$(date +%s) - t0 )) s"; \
-	  else echo "FAILED after $$(( $$(date +%s) - t0 )) s"; tail -n 40 "build/notebooks/$$name.log"; exit 1; fi; \
-	done
-	@echo "Executed notebooks (with their figures) are in build/notebooks/"
+	@export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small}; $(PY) ci/run_notebooks.py --output-dir $(RUN_DIR) $(NOTEBOOKS)
+	@echo "Open them with: make lab  (or jupyter lab $(RUN_DIR))"
 
 test: setup test-py test-nb
 
