@@ -4,7 +4,9 @@ This is HugeCTR's "HPS + Triton ensemble, 01 model training" workflow
 (``hugectr_backend:hps_backend/samples/hps-triton-ensemble/01_model_training.ipynb``):
 
 1. mock data in HPS's input format: ``slot_num`` keys per sample, slot ``s`` drawing from
-   ``vocabulary_range_per_slot[s]``, and a 0/1 label;
+   ``vocabulary_range_per_slot[s]`` with Zipf popularity, and a 0/1 label drawn from a hidden
+   click model (:class:`ClickModel`: every key carries an effect on the click logit), so the
+   model has something to learn and its AUC says how much it learned;
 2. a native TF DNN (``tf.nn.embedding_lookup`` on one table, fc 256 / 128 / 1) trained with Adam;
 3. the dense part as its own SavedModel, plus a reshaping wrapper (HPS returns flat vectors);
 4. the embedding table written as ``key`` / ``emb_vector`` (:func:`embedlab.sparse_model.write_sparse_model`);
@@ -30,7 +32,7 @@ from ..sparse_model import write_sparse_model
 
 log = logging.getLogger("embedlab.hps")
 
-__all__ = ["DemoArgs", "demo_args", "generate_random_samples", "train_naive_dnn", "dense_part",
+__all__ = ["DemoArgs", "demo_args", "ClickModel", "generate_samples", "evaluate", "train_naive_dnn", "dense_part",
            "save_dense_savedmodels", "export_onnx", "check_onnx", "write_embedding",
            "write_hps_json", "serving_tiers", "write_manifest", "build_inference_model", "export_for_serving",
            "MODEL_NAME", "ONNX_INPUT", "ONNX_OUTPUT"]
@@ -43,7 +45,11 @@ ONNX_OUTPUT = "logits"
 
 @dataclass
 class DemoArgs:
-    """The sizes of the demo (HugeCTR's sample: 3 slots of 10,000 keys, dim 16)."""
+    """The sizes of the demo (HugeCTR's sample: 3 slots of 10,000 keys, dim 16) and of its data.
+
+    ``key_zipf_alpha``: key popularity within a slot (rank r drawn with probability ~ r^-alpha);
+    ``key_effect_std``: spread of the hidden per-key effects on the click logit (0: coin flips).
+    """
     embed_vec_size: int = 16
     slot_num: int = 3
     vocabulary_range_per_slot: list = field(default_factory=lambda: [[0, 10000], [10000, 20000], [20000, 30000]])
@@ -51,6 +57,8 @@ class DemoArgs:
     iter_num: int = 10
     learning_rate: float = 0.01
     seed: int = 0
+    key_zipf_alpha: float = 1.05
+    key_effect_std: float = 1.0
 
     @property
     def max_vocabulary_size(self) -> int:
@@ -58,22 +66,96 @@ class DemoArgs:
 
 
 def demo_args(scale=None) -> DemoArgs:
-    """DemoArgs for ``embedlab.config.SCALE`` (ci: 10 steps of 1,024; small: 40 of 4,096; full: 10 of 65,536)."""
+    """DemoArgs for ``embedlab.config.SCALE`` (ci: 20 steps of 1,024; small: 40 of 4,096; full: 40 of 65,536)."""
     scale = scale or _config.SCALE
     if scale.name == "ci":
-        return DemoArgs(global_batch_size=1024, iter_num=10)
+        return DemoArgs(global_batch_size=1024, iter_num=20)
     if scale.name == "small":
         return DemoArgs(global_batch_size=4096, iter_num=40)
-    return DemoArgs(global_batch_size=65536, iter_num=10)
+    return DemoArgs(global_batch_size=65536, iter_num=40)
 
 
-def generate_random_samples(num_samples: int, vocabulary_range_per_slot, rng=None):
-    """keys int64 ``[num_samples, slot_num]`` (slot s uniform in its range) and labels int ``[num_samples, 1]``."""
-    rng = np.random.default_rng(rng)
-    keys = np.stack([rng.integers(lo, hi, size=num_samples, dtype=np.int64)
-                     for lo, hi in vocabulary_range_per_slot], axis=1)
-    labels = rng.integers(0, 2, size=(num_samples, 1)).astype(np.float32)
+class ClickModel:
+    """The hidden truth behind the mock data: which keys are popular, and what each key does.
+
+    Slot ``s`` draws its key from ``vocabulary_range_per_slot[s]``, the key of popularity rank r
+    with probability proportional to r^-``key_zipf_alpha`` (a random order of the range decides
+    the ranks). Every key carries an effect drawn from N(0, ``key_effect_std``); a sample's
+    click logit is the sum of its keys' effects, and its label is drawn from
+    sigmoid(logit), so even the true model cannot predict every label: :meth:`sample` returns
+    the true logits, whose AUC is the ceiling a trained model can approach.
+
+    Everything follows from ``spec()`` (the seed and the sizes), which the export's manifest
+    records so the serving side can draw labelled requests from the same distribution.
+    """
+
+    def __init__(self, vocabulary_range_per_slot, zipf_alpha: float = 1.05, effect_std: float = 1.0,
+                 seed: int = 0):
+        ranges = [[int(lo), int(hi)] for lo, hi in vocabulary_range_per_slot]
+        if not ranges or any(hi <= lo for lo, hi in ranges):
+            raise ValueError(f"ClickModel: vocabulary_range_per_slot must be non-empty [lo, hi) ranges, got {ranges}")
+        if zipf_alpha < 0 or effect_std < 0:
+            raise ValueError(f"ClickModel: zipf_alpha and effect_std must be >= 0, got {zipf_alpha}, {effect_std}")
+        self.ranges, self.zipf_alpha, self.effect_std, self.seed = ranges, float(zipf_alpha), float(effect_std), int(seed)
+        rng = np.random.default_rng([self.seed, 0xC11C])
+        self._slots = []
+        for lo, hi in ranges:
+            n = hi - lo
+            p = np.arange(1, n + 1, dtype=np.float64) ** -self.zipf_alpha
+            self._slots.append((lo + rng.permutation(n), np.cumsum(p / p.sum())))
+        self._lo = min(lo for lo, _ in ranges)
+        self._effects = rng.normal(0.0, self.effect_std, max(hi for _, hi in ranges) - self._lo)
+
+    @classmethod
+    def from_args(cls, args: "DemoArgs") -> "ClickModel":
+        return cls(args.vocabulary_range_per_slot, args.key_zipf_alpha, args.key_effect_std, args.seed)
+
+    def spec(self) -> dict:
+        return {"vocabulary_range_per_slot": self.ranges, "zipf_alpha": self.zipf_alpha,
+                "effect_std": self.effect_std, "seed": self.seed}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "ClickModel":
+        try:
+            return cls(spec["vocabulary_range_per_slot"], spec["zipf_alpha"], spec["effect_std"], spec["seed"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"ClickModel.from_spec: not a click-model spec ({e}): {spec!r}") from None
+
+    def sample(self, num_samples: int, rng=None):
+        """``(keys int64 [n, slot_num], labels float32 [n, 1], true_logits float64 [n])``."""
+        rng = np.random.default_rng(rng)
+        keys = np.stack([order[np.minimum(np.searchsorted(cdf, rng.random(num_samples)), len(order) - 1)]
+                         for order, cdf in self._slots], axis=1).astype(np.int64)
+        logits = self._effects[keys - self._lo].sum(axis=1)
+        labels = (rng.random(num_samples) < 1.0 / (1.0 + np.exp(-logits))).astype(np.float32)[:, None]
+        return keys, labels, logits
+
+
+def generate_samples(num_samples: int, args: "DemoArgs", rng=None):
+    """keys int64 ``[num_samples, slot_num]`` and labels float32 ``[num_samples, 1]`` drawn from
+    the demo's :class:`ClickModel`."""
+    keys, labels, _ = ClickModel.from_args(args).sample(num_samples, rng)
     return keys, labels
+
+
+def evaluate(model, args: "DemoArgs", num_samples: int = 20000, seed: int = 12345) -> dict:
+    """The trained model on fresh samples of the click model (never trained on).
+
+    Returns:
+        ``{"auc": the model's AUC, "auc_ceiling": the true logits' AUC (the best any model can
+        reach on these labels), "loss": its binary cross-entropy, "loss_floor": the true model's,
+        "samples": num_samples}``.
+    """
+    tf = _tf()
+    from ..session import auc
+    keys, labels, true_logits = ClickModel.from_args(args).sample(num_samples, np.random.default_rng([args.seed, seed]))
+    logits = model(tf.constant(keys))[0].numpy().reshape(-1)
+    y = labels.reshape(-1)
+
+    def bce(z):
+        return float(np.mean(np.logaddexp(0.0, z) - y * z))
+    return {"auc": auc(y, logits), "auc_ceiling": auc(y, true_logits), "loss": bce(logits.astype(np.float64)),
+            "loss_floor": bce(true_logits), "samples": int(num_samples)}
 
 
 def _tf():
@@ -105,7 +187,7 @@ def _naive_dnn_class():
 
 
 def train_naive_dnn(args: DemoArgs, log_every: int = 1):
-    """Trains the DNN with Adam on mock data; returns ``(model, losses, (keys, labels))``."""
+    """Trains the DNN with Adam on the click model's samples; returns ``(model, losses, (keys, labels))``."""
     tf = _tf()
     tf.keras.utils.set_random_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -113,7 +195,7 @@ def train_naive_dnn(args: DemoArgs, log_every: int = 1):
     model = _naive_dnn_class()(init, args.slot_num, args.embed_vec_size, seed=args.seed)
     opt = tf.keras.optimizers.Adam(learning_rate=args.learning_rate)
     loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
-    keys, labels = generate_random_samples(args.global_batch_size * args.iter_num, args.vocabulary_range_per_slot, rng)
+    keys, labels = generate_samples(args.global_batch_size * args.iter_num, args, rng)
 
     @tf.function
     def step(x, y):
@@ -326,7 +408,8 @@ def serving_tiers(out_dir, sparse_dir, args: DemoArgs, native_tiers: bool | None
 
 
 def write_manifest(out_dir, args: DemoArgs, onnx_names: dict, checks: dict, tiers: dict) -> dict:
-    """Writes ``serving.json`` (absolute paths of the files :func:`export_for_serving` lays out)."""
+    """Writes ``serving.json`` (absolute paths of the files :func:`export_for_serving` lays out,
+    and ``data``: the :class:`ClickModel` spec the training data came from)."""
     out = Path(out_dir).resolve()
     manifest = {
         "model_name": MODEL_NAME,
@@ -343,6 +426,7 @@ def write_manifest(out_dir, args: DemoArgs, onnx_names: dict, checks: dict, tier
         "reshape_dense_savedmodel": str(out / "naive_dnn_reshape_dense.model"),
         "sparse_model": str(out / "naive_dnn_sparse.model"),
         "vocabulary_range_per_slot": args.vocabulary_range_per_slot,
+        "data": ClickModel.from_args(args).spec(),
         "tiers": {"gpucache": tiers["gpucache"], "volatile_db": tiers["volatile_db"]["type"],
                   "persistent_db": tiers["persistent_db"]["type"]},
         "checks": checks,
@@ -368,7 +452,8 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
     * ``serving.json``, the manifest: ``model_name``, ``ps_config_file``, ``table_id``, ``emb_vec_size``,
       ``slot_num``, ``keys_per_sample``, ``onnx_file``, ``onnx_input``, ``onnx_output``,
       ``dense_savedmodel``, ``inference_savedmodel`` (absolute paths), plus
-      ``reshape_dense_savedmodel``, ``checks`` (ONNX max abs diff, inference MSEs) and ``tiers``.
+      ``reshape_dense_savedmodel``, ``checks`` (ONNX max abs diff, inference MSEs, held-out AUC and
+      its ceiling), ``data`` (the click model's spec) and ``tiers``.
 
     Args:
         native_tiers: use the compiled embedding cache and ``parallel_hash_map`` in ``hps_demo.json``
@@ -401,12 +486,14 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
     shutdown(str(hps_json))
     infer_sm = out / "naive_dnn_inference.model"
     infer = build_inference_model(str(hps_json), dense, args, path=infer_sm)
-    keys, _ = generate_random_samples(512, args.vocabulary_range_per_slot, np.random.default_rng(args.seed + 7))
+    keys, _ = generate_samples(512, args, np.random.default_rng(args.seed + 7))
     checks = compare_with_trained(model, infer, keys)
+    checks.update(evaluate(model, args))
     shutdown(str(hps_json))   # release the server (and its RocksDB) for the serving processes
     checks["onnx_max_abs_diff"] = onnx_diff
     checks["final_loss"] = float(losses[-1]) if losses else None
     manifest = write_manifest(out, args, names, checks, tiers)
     if verbose:
-        print(f"wrote {out / 'serving.json'}: onnx max|diff| {onnx_diff:.2e}, logits MSE {checks['logits_mse']:.2e}")
+        print(f"wrote {out / 'serving.json'}: onnx max|diff| {onnx_diff:.2e}, logits MSE {checks['logits_mse']:.2e}, "
+              f"held-out AUC {checks['auc']:.3f} (ceiling {checks['auc_ceiling']:.3f})")
     return manifest

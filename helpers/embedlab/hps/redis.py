@@ -1,14 +1,21 @@
-"""Start and stop a local Redis for the HPS: one node, or a 3-node cluster.
+"""The Redis of the HPS's volatile tier: the user's own (``EMBEDLAB_REDIS_ADDRESS``), or a local one.
 
-Uses the ``redis-server`` and ``redis-cli`` binaries of Debian's ``redis-server`` package
-(``make setup`` installs it where missing). Every server is bound to 127.0.0.1, requires a
+:func:`hps_redis` is the one place that reads ``EMBEDLAB_REDIS_ADDRESS`` (``host:port``, or a
+comma-separated node list of a Redis cluster) and ``EMBEDLAB_REDIS_PASSWORD``: when the address is
+set it returns an :class:`ExternalRedis` (checked: reachable, password accepted), which code here
+uses but never stops or kills; otherwise it starts a local :class:`RedisServer`. ``docker/compose.yaml``
+sets both variables for its password-protected Redis service.
+
+Local servers use the ``redis-server`` and ``redis-cli`` binaries of Debian's ``redis-server``
+package (``make setup`` installs it where missing). Every one is bound to 127.0.0.1, requires a
 password, keeps nothing on disk (no RDB snapshots, no AOF) and lives in a temporary folder that
 ``stop()`` removes.
 
 Example:
-    >>> from embedlab.hps.redis import start_redis          # doctest: +SKIP
-    >>> with start_redis() as r:                            # doctest: +SKIP
-    ...     cfg = {"type": "redis_cluster", "address": r.address, "password": r.password}
+    >>> from embedlab.hps.redis import hps_redis            # doctest: +SKIP
+    >>> r = hps_redis()                                     # doctest: +SKIP
+    >>> cfg = {"volatile_db": r.volatile_db(), ...}         # doctest: +SKIP
+    >>> r.stop()                                            # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -22,7 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["RedisServer", "RedisCluster", "start_redis", "start_redis_cluster", "redis_binaries"]
+__all__ = ["RedisServer", "RedisCluster", "ExternalRedis", "RedisSettingError", "hps_redis", "redis_to_kill",
+           "start_redis", "start_redis_cluster", "redis_binaries", "ADDRESS_ENV", "PASSWORD_ENV"]
+
+ADDRESS_ENV = "EMBEDLAB_REDIS_ADDRESS"
+PASSWORD_ENV = "EMBEDLAB_REDIS_PASSWORD"
 
 
 def redis_binaries() -> tuple[str, str]:
@@ -58,11 +69,12 @@ class RedisServer:
 
     Args:
         port: TCP port (a free one when None).
-        password: the ``requirepass`` (a random one when None).
+        password: the ``requirepass`` (a random one when None; "" for none).
         workdir: folder for its config and log (a new temporary folder when None).
         cluster: start it with ``cluster-enabled yes`` (a node of :class:`RedisCluster`).
         maxmemory: optional ``maxmemory`` setting such as ``"256mb"``.
     """
+    external = False      # started here: ``kill()`` / ``stop()`` act on it
 
     def __init__(self, port: int | None = None, password: str | None = None, workdir=None,
                  cluster: bool = False, maxmemory: str | None = None):
@@ -80,10 +92,20 @@ class RedisServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    def volatile_db(self, **fields) -> dict:
+        """The HPS JSON's ``volatile_db`` section for this server (``fields`` added)."""
+        return _volatile_db(self.address, self.password, fields)
+
+    def describe(self) -> str:
+        pid = self.proc.pid if self.running else "not running"
+        return (f"a local redis-server started here (pid {pid}) on {self.address}, password-protected; "
+                f"{ADDRESS_ENV} is not set")
+
     def _write_conf(self) -> Path:
-        lines = [f"port {self.port}", "bind 127.0.0.1", "protected-mode yes", f"requirepass {self.password}",
-                 f"masterauth {self.password}", f'dir "{self.dir}"', 'save ""', "appendonly no",
-                 f'logfile "{self.dir / f"redis-{self.port}.log"}"', "daemonize no"]
+        lines = [f"port {self.port}", "bind 127.0.0.1", "protected-mode yes", f'dir "{self.dir}"', 'save ""',
+                 "appendonly no", f'logfile "{self.dir / f"redis-{self.port}.log"}"', "daemonize no"]
+        if self.password:     # password="" (asked for explicitly): no password
+            lines += [f"requirepass {self.password}", f"masterauth {self.password}"]
         if self.cluster:
             lines += ["cluster-enabled yes", f"cluster-config-file nodes-{self.port}.conf",
                       "cluster-node-timeout 2000", "cluster-require-full-coverage no"]
@@ -172,6 +194,7 @@ class RedisCluster:
 
     ``address`` is the comma-separated node list the HPS config's ``volatile_db.address`` takes.
     """
+    external = False
 
     def __init__(self, nodes: int = 3, password: str | None = None, workdir=None):
         if nodes < 3:
@@ -190,6 +213,14 @@ class RedisCluster:
     @property
     def address(self) -> str:
         return ",".join(n.address for n in self.nodes)
+
+    def volatile_db(self, **fields) -> dict:
+        """The HPS JSON's ``volatile_db`` section for this cluster (``fields`` added)."""
+        return _volatile_db(self.address, self.password, fields)
+
+    @property
+    def running(self) -> bool:
+        return all(n.running for n in self.nodes)
 
     def start(self, timeout: float = 30.0) -> "RedisCluster":
         for n in self.nodes:
@@ -235,3 +266,170 @@ def start_redis(**kwargs) -> RedisServer:
 def start_redis_cluster(nodes: int = 3, **kwargs) -> RedisCluster:
     """Starts a local Redis cluster of ``nodes`` masters (see :class:`RedisCluster`), running."""
     return RedisCluster(nodes=nodes, **kwargs).start()
+
+
+def _volatile_db(address: str, password: str, fields: dict) -> dict:
+    return {"type": "redis_cluster", "address": address, "password": password, **fields}
+
+
+class RedisSettingError(RuntimeError):
+    """``EMBEDLAB_REDIS_ADDRESS`` / ``EMBEDLAB_REDIS_PASSWORD`` name a Redis that cannot be used;
+    the message names the variable and the fix."""
+
+
+def _parse_address(address: str) -> list[tuple[str, int]]:
+    bad = RedisSettingError(
+        f"{ADDRESS_ENV}={address!r} is not host:port (or a comma-separated host:port list of a Redis "
+        f"cluster's nodes), e.g. {ADDRESS_ENV}=redis:6379; unset it to let EmbedLab start a local redis-server")
+    if "://" in address:
+        raise bad
+    nodes = []
+    for part in address.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise bad
+        nodes.append((host, int(port)))
+    return nodes
+
+
+class ExternalRedis:
+    """A Redis this process did not start: the one ``EMBEDLAB_REDIS_ADDRESS`` names.
+
+    It is used (the HPS writes its tables there as ``hps_et.<model>.<table>/p<partition>`` hashes,
+    rewritten at every server start) but never stopped or killed: :meth:`kill` refuses, and
+    :meth:`stop` leaves it running. Build it with :func:`hps_redis`, which checks it first.
+
+    Args:
+        address: ``host:port``, or a comma-separated node list of a Redis cluster.
+        password: its ``requirepass`` ("" for none).
+    """
+    external = True
+
+    def __init__(self, address: str, password: str = "", timeout: float = 3.0):
+        self.address = address.strip()
+        self.password = password
+        self.nodes = _parse_address(self.address)
+        self.timeout = float(timeout)
+
+    def _client(self, host: str, port: int):
+        import redis
+        return redis.Redis(host=host, port=port, password=self.password or None,
+                           socket_connect_timeout=self.timeout, socket_timeout=self.timeout)
+
+    def check(self) -> "ExternalRedis":
+        """Connects to every node with the password (PING); raises :class:`RedisSettingError`
+        naming the variable to fix when a node cannot be reached or refuses the password."""
+        import redis
+        for host, port in self.nodes:
+            where = f"Redis at {host}:{port} ({ADDRESS_ENV}={self.address})"
+            c = self._client(host, port)
+            try:
+                c.ping()
+            except redis.AuthenticationError as e:
+                text = str(e)
+                if not self.password:
+                    raise RedisSettingError(f"{where} requires a password: set {PASSWORD_ENV} ({text})") from None
+                if "without any password configured" in text:
+                    raise RedisSettingError(f"{PASSWORD_ENV} is set, but {where} has no password: unset "
+                                            f"{PASSWORD_ENV} or configure requirepass there ({text})") from None
+                raise RedisSettingError(f"{PASSWORD_ENV}: {where} refused the password ({text})") from None
+            except redis.ResponseError as e:
+                if "NOAUTH" in str(e) or "auth" in str(e).lower():
+                    hint = f"set {PASSWORD_ENV}" if not self.password else f"check {PASSWORD_ENV}"
+                    raise RedisSettingError(f"{where} refused the connection: {e}; {hint}") from None
+                raise RedisSettingError(f"{where} answered PING with an error: {e}") from None
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+                raise RedisSettingError(
+                    f"{ADDRESS_ENV}={self.address}: cannot connect to Redis at {host}:{port} ({e}). Start that "
+                    f"Redis, correct the variable, or unset it to let EmbedLab start a local redis-server") from None
+            finally:
+                c.close()
+        return self
+
+    def ping(self) -> bool:
+        import redis
+        try:
+            for host, port in self.nodes:
+                c = self._client(host, port)
+                try:
+                    c.ping()
+                finally:
+                    c.close()
+            return True
+        except (redis.RedisError, OSError):
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.ping()
+
+    def client(self):
+        """A ``redis.Redis`` client for the first node."""
+        return self._client(*self.nodes[0])
+
+    def volatile_db(self, **fields) -> dict:
+        """The HPS JSON's ``volatile_db`` section for this Redis (``fields`` added)."""
+        return _volatile_db(self.address, self.password, fields)
+
+    def describe(self) -> str:
+        auth = "with the password of " + PASSWORD_ENV if self.password else "without a password"
+        return f"the Redis at {self.address} named by {ADDRESS_ENV} ({auth}); not started here, never stopped or killed here"
+
+    def kill(self) -> None:
+        raise RuntimeError(f"refusing to kill the Redis at {self.address}: it was not started here "
+                           f"({ADDRESS_ENV}); kill a local throw-away server instead (redis_to_kill)")
+
+    def stop(self, remove: bool = True) -> None:
+        """Leaves the server running: it is not this process's to stop."""
+
+    def __enter__(self):
+        return self.check()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"ExternalRedis({self.address!r})"
+
+
+def hps_redis(environ=None, **local) -> "ExternalRedis | RedisServer":
+    """The Redis for the HPS's volatile tier: the user's, or a fresh local one.
+
+    The one place that reads ``EMBEDLAB_REDIS_ADDRESS`` and ``EMBEDLAB_REDIS_PASSWORD``. With the
+    address set (``docker/compose.yaml`` sets both for its Redis service), returns that Redis as a
+    checked :class:`ExternalRedis`; without it, starts a local password-protected ``redis-server``
+    on 127.0.0.1 (:func:`start_redis`, with ``local`` as its arguments). Either way the result has
+    ``address``, ``password``, ``external``, ``volatile_db(**fields)``, ``describe()`` and
+    ``stop()`` (which stops only a server started here).
+
+    Args:
+        environ: the variables to read (default ``os.environ``).
+
+    Raises:
+        RedisSettingError: the address is malformed or unreachable, the password is refused or
+            missing, or the password is set without an address; the message names the variable.
+
+    Example:
+        >>> r = hps_redis()                                               # doctest: +SKIP
+        >>> print(r.describe())                                           # doctest: +SKIP
+        the Redis at redis:6379 named by EMBEDLAB_REDIS_ADDRESS (...)
+    """
+    env = os.environ if environ is None else environ
+    address = env.get(ADDRESS_ENV, "").strip()
+    password = env.get(PASSWORD_ENV, "")
+    if address:
+        return ExternalRedis(address, password).check()
+    if password:
+        raise RedisSettingError(f"{PASSWORD_ENV} is set but {ADDRESS_ENV} is not: set {ADDRESS_ENV} to the "
+                                f"host:port of that Redis, or unset {PASSWORD_ENV} to let EmbedLab start a "
+                                "local redis-server")
+    return start_redis(**local)
+
+
+def redis_to_kill(redis) -> "RedisServer | RedisCluster":
+    """A Redis that a fault demonstration may kill: ``redis`` itself when it was started here,
+    else (an :class:`ExternalRedis`) a new local throw-away ``redis-server``, started and running.
+    The caller stops what this returns when it is not ``redis``."""
+    if getattr(redis, "external", True) is False:
+        return redis
+    return start_redis()

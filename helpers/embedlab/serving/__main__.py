@@ -1,11 +1,19 @@
 """`python -m embedlab.serving` (`make serve`): serve notebook 05's export until Ctrl-C.
 
+The embedding is served through the HPS tiers embedding cache -> Redis -> RocksDB. The Redis is
+the one named by EMBEDLAB_REDIS_ADDRESS (host:port) and EMBEDLAB_REDIS_PASSWORD when they are
+set (docker/compose.yaml sets them for its Redis service); otherwise a local password-protected
+redis-server is started on 127.0.0.1 and stopped with the server. RocksDB holds every row
+(under <export>/serve/rocksdb), so lookups stay exact if Redis goes away. `--tiers export`
+serves the export's own HPS JSON instead (in-process hash map, no Redis).
+
 Writes the model repository next to the export (`<export>/repository`), starts tritonserver on
 127.0.0.1 and prints how to query it. Ctrl-C (or SIGTERM) stops it by PID.
 """
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
 import threading
@@ -14,7 +22,8 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     from embedlab import config
-    from . import TritonServer, TritonServerError, load_manifest, write_model_repository
+    from embedlab.hps.redis import RedisSettingError, hps_redis
+    from . import TritonServer, TritonServerError, load_manifest, write_model_repository, write_ps_config_variant
     default_export = config.DATA_DIR / "hps_triton"
     ap = argparse.ArgumentParser(prog="python -m embedlab.serving", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -22,6 +31,9 @@ def main(argv=None) -> int:
                     help=f"folder holding serving.json (default: {default_export})")
     ap.add_argument("--repository", type=Path, default=None,
                     help="model repository to write (default: <export>/repository)")
+    ap.add_argument("--tiers", choices=("redis", "export"), default="redis",
+                    help="redis (default): cache -> Redis -> RocksDB, Redis from EMBEDLAB_REDIS_ADDRESS or a "
+                         "local redis-server; export: the export's own HPS JSON (in-process hash map)")
     ap.add_argument("--http-port", type=int, default=8000)
     ap.add_argument("--grpc-port", type=int, default=8001)
     ap.add_argument("--metrics-port", type=int, default=8002)
@@ -32,40 +44,62 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    repo = write_model_repository(manifest, args.repository or args.export / "repository",
-                                  max_batch_size=args.max_batch_size)
-    server = TritonServer(repo, log_file=repo.parent / "triton.log", http_port=args.http_port,
-                          grpc_port=args.grpc_port, metrics_port=args.metrics_port)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    redis, ps_config, tiers = None, None, "the export's HPS JSON (in-process tiers)"
+    if args.tiers == "redis":
+        try:
+            redis = hps_redis()
+        except (RedisSettingError, FileNotFoundError, RuntimeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        serve_dir = args.export / "serve"
+        rocksdb = serve_dir / "rocksdb"
+        # A fresh RocksDB: rows of an earlier export must not answer keys this one lacks.
+        shutil.rmtree(rocksdb, ignore_errors=True)
+        serve_dir.mkdir(parents=True, exist_ok=True)
+        ps_config = write_ps_config_variant(
+            manifest, serve_dir / "hps_serve.json",
+            volatile_db=redis.volatile_db(initial_cache_rate=1.0, cache_missed_embeddings=True),
+            persistent_db={"type": "rocks_db", "path": str(rocksdb.resolve())})
+        tiers = f"embedding cache -> Redis -> RocksDB ({ps_config})\n  Redis   {redis.describe()}"
     try:
-        server.start()
-    except TritonServerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    k = manifest.keys_per_sample
-    print(f"tritonserver pid {server.pid} is serving {repo}\n"
-          f"  HTTP    {server.http_url}   (curl {server.http_url}/v2/health/ready)\n"
-          f"  gRPC    {server.grpc_url}\n"
-          f"  metrics {server.metrics_url}   (embedlab_hps_stat: the HPS statistics)\n"
-          f"  log     {server.log_file}\n"
-          f"Model 'ensemble': EMB_KEY int64 [batch, {k}], EMB_N_KEY int32 [batch, 1] (= {k}) -> "
-          f"DENSE_OUTPUT float32.\n"
-          "  python -c \"import numpy as np; from embedlab.serving import client_for, infer; "
-          f"print(infer(client_for('{server.http_url}'), np.zeros((2, {k}), np.int64)))\"\n"
-          "Ctrl-C stops it.", flush=True)
-    try:
-        while not stop.wait(0.5):
-            if not server.running():
-                print(f"tritonserver exited (status {server.process.returncode}); log: {server.log_file}",
-                      file=sys.stderr)
-                return 1
-    except KeyboardInterrupt:
-        pass
+        repo = write_model_repository(manifest, args.repository or args.export / "repository",
+                                      max_batch_size=args.max_batch_size, ps_config_file=ps_config)
+        server = TritonServer(repo, log_file=repo.parent / "triton.log", http_port=args.http_port,
+                              grpc_port=args.grpc_port, metrics_port=args.metrics_port)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            server.start()
+        except TritonServerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        k = manifest.keys_per_sample
+        print(f"tritonserver pid {server.pid} is serving {repo}\n"
+              f"  tiers   {tiers}\n"
+              f"  HTTP    {server.http_url}   (curl {server.http_url}/v2/health/ready)\n"
+              f"  gRPC    {server.grpc_url}\n"
+              f"  metrics {server.metrics_url}   (embedlab_hps_stat: the HPS statistics)\n"
+              f"  log     {server.log_file}\n"
+              f"Model 'ensemble': EMB_KEY int64 [batch, {k}], EMB_N_KEY int32 [batch, 1] (= {k}) -> "
+              f"DENSE_OUTPUT float32.\n"
+              "  python -c \"import numpy as np; from embedlab.serving import client_for, infer; "
+              f"print(infer(client_for('{server.http_url}'), np.zeros((2, {k}), np.int64)))\"\n"
+              "Ctrl-C stops it.", flush=True)
+        try:
+            while not stop.wait(0.5):
+                if not server.running():
+                    print(f"tritonserver exited (status {server.process.returncode}); log: {server.log_file}",
+                          file=sys.stderr)
+                    return 1
+        except KeyboardInterrupt:
+            pass
+        finally:
+            rc = server.stop()
+            print(f"tritonserver stopped (status {rc})", flush=True)
+        return 0
     finally:
-        rc = server.stop()
-        print(f"tritonserver stopped (status {rc})")
-    return 0
+        if redis is not None:
+            redis.stop()      # a local redis-server started here; a user's Redis keeps running
 
 
 if __name__ == "__main__":

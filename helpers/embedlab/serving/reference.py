@@ -11,7 +11,7 @@ import numpy as np
 
 from .repository import ServingManifest, load_manifest
 
-__all__ = ["InProcessModel", "TFInferenceModel", "table_keys", "sample_keys"]
+__all__ = ["InProcessModel", "TFInferenceModel", "table_keys", "sample_keys", "labeled_samples"]
 
 
 class InProcessModel:
@@ -97,6 +97,23 @@ def sample_keys(manifest, batch: int, rng, keys: np.ndarray | None = None) -> np
     return rng.choice(pool, size=(batch, m.keys_per_sample)).astype(np.int64)
 
 
+def labeled_samples(manifest, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` samples of the training data's distribution: keys int64 [n, keys_per_sample] and
+    labels float32 [n, 1], drawn from the click model recorded in the manifest's ``data``
+    (:class:`embedlab.hps.export.ClickModel`), for scoring the served model (AUC)."""
+    from embedlab.hps.export import ClickModel
+    m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    spec = m.extra.get("data")
+    if spec is None:
+        raise ValueError(f"{m.path} has no 'data' (the click model the training data came from): "
+                         "run notebook 05 again to export with it")
+    keys, labels, _ = ClickModel.from_spec(spec).sample(int(n), rng)
+    if keys.shape[1] != m.keys_per_sample:
+        raise ValueError(f"{m.path}: its click model draws {keys.shape[1]} keys per sample, the model takes "
+                         f"{m.keys_per_sample}")
+    return keys, labels
+
+
 class TFInferenceModel:
     """Notebook 05's TensorFlow inference SavedModel (`hps.LookupLayer` + the dense layers).
 
@@ -106,8 +123,9 @@ class TFInferenceModel:
     """
 
     def __init__(self, manifest, output: str = "logits"):
-        import tensorflow as tf
+        import embedlab
         from embedlab.hps import register_tf_callback
+        tf = embedlab.import_tensorflow()     # without TensorFlow's C++ start-up banner
         register_tf_callback()     # loads the op library (EmbedLabHpsLookup) and its lookup callback
         self.manifest = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
         self._tf = tf

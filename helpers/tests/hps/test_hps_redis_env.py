@@ -1,0 +1,138 @@
+"""hps_redis(): the Redis named by EMBEDLAB_REDIS_ADDRESS / EMBEDLAB_REDIS_PASSWORD (a real
+password-protected redis-server the test starts on 127.0.0.1 stands for the user's), or a local
+one; bad values give errors naming the variable; a user's Redis is never killed or stopped."""
+import socket
+
+import numpy as np
+import pytest
+
+from embedlab.hps import ParameterServer
+from embedlab.hps.redis import (ADDRESS_ENV, PASSWORD_ENV, ExternalRedis, RedisServer, RedisSettingError,
+                                hps_redis, redis_to_kill, start_redis)
+
+from hps_testing import Table, needs_native_tiers
+
+
+@pytest.fixture(scope="module")
+def users_redis():
+    """Stands for the user's Redis (compose's service): password-protected, not started by the code under test."""
+    r = start_redis()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def env(monkeypatch, users_redis):
+    monkeypatch.setenv(ADDRESS_ENV, users_redis.address)
+    monkeypatch.setenv(PASSWORD_ENV, users_redis.password)
+    return users_redis
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_variables_select_that_redis_and_the_hps_uses_it(env, tmp_path):
+    r = hps_redis()
+    assert isinstance(r, ExternalRedis) and r.external
+    assert (r.address, r.password) == (env.address, env.password)
+    assert ADDRESS_ENV in r.describe() and env.address in r.describe()
+    tab = Table(tmp_path / "t", n=500, dim=8)
+    name = f"envtest{np.random.default_rng().integers(1 << 30)}"
+    cfg = {"volatile_db": r.volatile_db(num_partitions=3), "persistent_db": {"type": "disabled"},
+           "models": [{"model": name, "sparse_files": [str(tab.path)], "embedding_vecsize_per_table": [8],
+                       "gpucache": False}]}
+    with ParameterServer(cfg) as ps:
+        q = tab.query(300)
+        assert np.array_equal(ps.lookup(name, 0, q), tab.expect(q))
+        assert ps.stats()["tiers"]["volatile"]["hits"] == len(np.unique(q))
+    # the rows live in the user's Redis, under the HPS's key names
+    keys = [k.decode() for k in env.client().keys(f"hps_et.{name}.*")]
+    assert len(keys) == 3 and sum(env.client().hlen(k) for k in keys) == 500
+    env.client().delete(*keys)
+
+
+def test_a_users_redis_is_never_killed_or_stopped(env):
+    r = hps_redis()
+    with pytest.raises(RuntimeError, match="refusing to kill"):
+        r.kill()
+    r.stop()
+    assert env.running and env.ping()
+    victim = redis_to_kill(r)
+    try:
+        assert isinstance(victim, RedisServer) and victim.address != env.address
+        victim.kill()
+        assert not victim.running and env.ping()
+    finally:
+        victim.stop()
+
+
+def test_without_the_variables_a_local_redis_is_started(monkeypatch):
+    monkeypatch.delenv(ADDRESS_ENV, raising=False)
+    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    r = hps_redis()
+    try:
+        assert isinstance(r, RedisServer) and not r.external and r.running and r.password
+        assert r.address.startswith("127.0.0.1:") and redis_to_kill(r) is r
+        assert "local redis-server" in r.describe()
+    finally:
+        r.stop()
+    assert not r.running
+
+
+@pytest.mark.parametrize("case", ["unreachable", "wrong_password", "no_password", "malformed", "url",
+                                  "password_without_address"])
+def test_bad_values_name_the_variable(case, users_redis, monkeypatch):
+    env = {ADDRESS_ENV: users_redis.address, PASSWORD_ENV: users_redis.password}
+    want = {"unreachable": (ADDRESS_ENV, "cannot connect"), "wrong_password": (PASSWORD_ENV, "refused the password"),
+            "no_password": (PASSWORD_ENV, "requires a password"), "malformed": (ADDRESS_ENV, "is not host:port"),
+            "url": (ADDRESS_ENV, "is not host:port"), "password_without_address": (ADDRESS_ENV, "is not")}[case]
+    if case == "unreachable":
+        env[ADDRESS_ENV] = f"127.0.0.1:{_closed_port()}"
+    elif case == "wrong_password":
+        env[PASSWORD_ENV] = "not-the-password"
+    elif case == "no_password":
+        del env[PASSWORD_ENV]
+    elif case == "malformed":
+        env[ADDRESS_ENV] = "127.0.0.1"
+    elif case == "url":
+        env[ADDRESS_ENV] = f"redis://{users_redis.address}"
+    else:
+        del env[ADDRESS_ENV]
+    for k in (ADDRESS_ENV, PASSWORD_ENV):
+        monkeypatch.delenv(k, raising=False)
+        if k in env:
+            monkeypatch.setenv(k, env[k])
+    with pytest.raises(RedisSettingError) as e:
+        hps_redis()
+    msg = str(e.value)
+    assert want[0] in msg and want[1] in msg, msg
+    assert users_redis.password not in msg and env.get(PASSWORD_ENV, users_redis.password) not in msg, msg
+
+
+@needs_native_tiers
+def test_tier_demo_uses_the_users_redis_and_leaves_no_rows(env, tmp_path):
+    from embedlab.hps import demo
+    tab = Table(tmp_path / "t", n=2000, dim=8, key_space=10**6)
+    stream = demo.zipf_stream(tab.keys, 6, 256, seed=1)
+    r = hps_redis()
+    runs = demo.tier_stacks(tab.path, stream, r, workdir=tmp_path / "w", gpucacheper=0.05)
+    assert [x.name for x in runs] == ["cache -> hash_map", "cache -> Redis -> RocksDB", "RocksDB only"]
+    assert all(all(x.exact) for x in runs)
+    assert sum(runs[1].tier_keys["volatile"]) > 0 and runs[1].stats["tiers"]["volatile"]["hits"] > 0
+    assert not env.client().keys("hps_et.walk.*")          # the demo's table was deleted afterwards
+    split = demo.tier_split(runs[2])
+    assert split["persistent_keys"] > 0 and split["cache_keys"] == 0
+    with pytest.raises(ValueError, match="was not started here"):
+        demo.redis_outage(tab.path, stream, r, workdir=tmp_path / "o")
+    victim = redis_to_kill(r)
+    try:
+        run = demo.redis_outage(tab.path, stream, victim, workdir=tmp_path / "o", kill_at=0.34, restart_at=0.67)
+    finally:
+        victim.stop()
+    assert all(run.exact) and run.stats["tiers"]["volatile"]["outages"] == 1
+    assert [p[0] for p in run.phases()] == ["start", "Redis killed", "Redis restarted, empty"]
+    assert any("unavailable" in m for m in run.log) and any("is back" in m for m in run.log)
+    assert env.ping()
