@@ -1,8 +1,9 @@
 """embedlab.hps: HugeCTR's Hierarchical Parameter Server, on the CPU, with real Redis and RocksDB.
 
-* :func:`Init` (alias :func:`init`) reads HugeCTR's HPS JSON and starts the :class:`ParameterServer`
+* :func:`Init` (alias :func:`init`) reads HugeCTR's HPS JSON, starts the :class:`ParameterServer`
   for it (embedding cache -> ``hash_map`` / ``parallel_hash_map`` / ``redis_cluster`` ->
-  ``rocks_db`` -> default value).
+  ``rocks_db`` -> default value) and returns ``"OK"``, as HugeCTR's; :func:`get_server` returns
+  the server.
 * :class:`LookupLayer` / :class:`SparseLookupLayer`: Keras layers over the TensorFlow op
   ``EmbedLabHpsLookup``; a SavedModel holding them initialises its server from
   ``ps_config_file`` on first call in a fresh process (after ``import embedlab.hps``).

@@ -18,22 +18,8 @@ def _key(ps_config_file) -> str:
     return str(Path(ps_config_file).expanduser().resolve())
 
 
-def Init(global_batch_size: int, ps_config_file) -> ParameterServer:
-    """Starts the parameter server for an HPS JSON file (once per file and process).
-
-    HugeCTR's ``hps.Init``: call it once before using the layers, or let a layer with
-    ``ps_config_file`` do it on first call (implicit init, how SavedModels initialise).
-
-    Args:
-        global_batch_size: the largest batch the layers will look up (checked >= 1).
-        ps_config_file: path of the HPS JSON.
-
-    Returns:
-        The :class:`ParameterServer` (the same object on later calls with the same file).
-
-    Raises:
-        HPSConfigError: bad file or field (named); TierError: a tier cannot be set up.
-    """
+def _start(global_batch_size: int, ps_config_file) -> ParameterServer:
+    """The server for an HPS JSON file, started now if none runs for it (once per file and process)."""
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise ValueError(f"hps.Init: global_batch_size must be a positive int, got {global_batch_size!r}")
     if not ps_config_file:
@@ -49,6 +35,32 @@ def Init(global_batch_size: int, ps_config_file) -> ParameterServer:
             _last.remove(key)
         _last.append(key)
         return ps
+
+
+def Init(global_batch_size: int, ps_config_file) -> str:
+    """Starts the parameter server for an HPS JSON file (once per file and process).
+
+    HugeCTR's ``hps.Init``: call it once before using the layers, or let a layer with
+    ``ps_config_file`` do it on first call (implicit init, how SavedModels initialise).
+
+    Args:
+        global_batch_size: the largest batch the layers will look up (checked >= 1).
+        ps_config_file: path of the HPS JSON.
+
+    Returns:
+        ``"OK"``, as HugeCTR's ``hps.Init`` (failures raise). The server itself is
+        ``hps.get_server(ps_config_file)`` (the same object on later calls with the same file).
+
+    Raises:
+        HPSConfigError: bad file or field (named); TierError: a tier cannot be set up.
+
+    Example:
+        >>> hps.Init(global_batch_size=1024, ps_config_file="hps.json")   # doctest: +SKIP
+        'OK'
+        >>> hps.get_server("hps.json").stats()["tiers"]                  # doctest: +SKIP
+    """
+    _start(global_batch_size, ps_config_file)
+    return "OK"
 
 
 init = Init
@@ -68,7 +80,7 @@ def get_server(ps_config_file: str = "", global_batch_size: int | None = None) -
         if ps is None:
             if global_batch_size is None:
                 raise RuntimeError(f"HPS: no parameter server is initialised for {key}")
-            ps = Init(max(1, int(global_batch_size)), key)
+            ps = _start(max(1, int(global_batch_size)), key)
         return ps
 
 

@@ -110,8 +110,9 @@ class LookupLayer(tf.keras.layers.Layer):
             runs for that file (implicit init). Empty: the server of the last ``hps.Init``.
         global_batch_size: passed to the implicit ``hps.Init``.
 
-    Call: ``layer(ids, max_norm=None)`` with int32/int64 ids of any shape returns float32
-    ``ids.shape + [emb_vec_size]``.
+    Call: ``layer(ids, max_norm=None)`` (HugeCTR's argument names; Keras passes ``ids``
+    positionally) with int32/int64 ids of any shape returns float32 ``ids.shape + [emb_vec_size]``,
+    each vector clipped to an l2-norm of ``max_norm`` as ``tf.nn.embedding_lookup`` clips.
 
     Example:
         >>> emb = hps.LookupLayer("demo", 0, 16, ps_config_file="hps.json")(ids)  # doctest: +SKIP
@@ -129,8 +130,8 @@ class LookupLayer(tf.keras.layers.Layer):
             ps_config_file = os.path.abspath(ps_config_file)
         self.ps_config_file, self.global_batch_size = ps_config_file, global_batch_size
 
-    def call(self, inputs, max_norm=None):
-        emb = hps_lookup(inputs, self.model_name, self.table_id, self.emb_vec_size, self.ps_config_file,
+    def call(self, ids, max_norm=None):
+        emb = hps_lookup(ids, self.model_name, self.table_id, self.emb_vec_size, self.ps_config_file,
                          self.global_batch_size)
         return _clip(emb, max_norm)
 
@@ -145,39 +146,62 @@ class LookupLayer(tf.keras.layers.Layer):
 
 
 class SparseLookupLayer(LookupLayer):
-    """HugeCTR's ``hps.SparseLookupLayer``: like ``tf.nn.safe_embedding_lookup_sparse`` on an HPS table.
+    """HugeCTR's ``hps.SparseLookupLayer``: ``tf.nn.embedding_lookup_sparse`` on an HPS table.
 
-    Call: ``layer(sp_ids, sp_weights=None, combiner="mean"|"sum"|"sqrtn", max_norm=None)`` with a
-    ``[batch, max_nnz]`` ``tf.SparseTensor`` of ids returns float32 ``[batch, emb_vec_size]``.
-    Rows without ids give zeros (HugeCTR's layer assumes there are none). Unlike
-    ``safe_embedding_lookup_sparse``, negative ids and non-positive weights are not pruned: every
-    id is an HPS key.
+    Call: ``layer(sp_ids, sp_weights=None, name=None, combiner=None, max_norm=None)`` (HugeCTR's
+    signature; ``combiner`` "mean" when None, or "sum" / "sqrtn") with a ``[batch, max_nnz]``
+    ``tf.SparseTensor`` of ids returns float32 ``[batch, emb_vec_size]``.
+
+    The result is bitwise equal to ``tf.nn.embedding_lookup_sparse`` over a table holding the
+    same rows: the unique ids' rows come from the HPS, and TensorFlow's own segment reductions
+    pool them in TensorFlow's order (``sparse_segment_sum/mean/sqrt_n`` without weights,
+    ``segment_sum`` of weighted rows with them). Differences from it: rows without ids give
+    zeros and the output always has ``dense_shape[0]`` rows (TensorFlow's stops at the last
+    non-empty row); ids out of row order are pooled as their canonical (row-major) order
+    would be, not refused. Unlike ``safe_embedding_lookup_sparse``, negative ids and
+    non-positive weights are not pruned: every id is an HPS key.
     """
 
-    def call(self, sp_ids, sp_weights=None, combiner="mean", max_norm=None):
+    def call(self, sp_ids, sp_weights=None, name=None, combiner=None, max_norm=None):
+        if combiner is None:
+            combiner = "mean"
         if combiner not in ("mean", "sum", "sqrtn"):
             raise ValueError(f"SparseLookupLayer: combiner must be 'mean', 'sum' or 'sqrtn', got {combiner!r}")
         if not isinstance(sp_ids, tf.SparseTensor):
             raise TypeError(f"SparseLookupLayer: sp_ids must be a tf.SparseTensor, got {type(sp_ids).__name__}")
         if sp_ids.shape.rank is not None and sp_ids.shape.rank != 2:
             raise ValueError(f"SparseLookupLayer: sp_ids must be [batch, max_nnz], got rank {sp_ids.shape.rank}")
-        batch = tf.cast(sp_ids.dense_shape[0], tf.int32)
-        segments = tf.cast(sp_ids.indices[:, 0], tf.int32)
-        emb = _clip(hps_lookup(sp_ids.values, self.model_name, self.table_id, self.emb_vec_size,
-                               self.ps_config_file, self.global_batch_size), max_norm)
-        if sp_weights is None:
-            w = tf.ones_like(sp_ids.values, dtype=tf.float32)
-        else:
-            if not isinstance(sp_weights, tf.SparseTensor):
-                raise TypeError("SparseLookupLayer: sp_weights must be a tf.SparseTensor (or None)")
-            w = tf.cast(sp_weights.values, tf.float32)
-            tf.debugging.assert_equal(tf.shape(w), tf.shape(sp_ids.values),
+        if sp_weights is not None and not isinstance(sp_weights, tf.SparseTensor):
+            raise TypeError("SparseLookupLayer: sp_weights must be a tf.SparseTensor (or None)")
+        batch = sp_ids.dense_shape[0]
+        segment_ids = sp_ids.indices[:, 0]
+        ids = sp_ids.values
+        weights = None
+        if sp_weights is not None:
+            weights = tf.cast(sp_weights.values, tf.float32)
+            tf.debugging.assert_equal(tf.shape(weights), tf.shape(ids),
                                       message="SparseLookupLayer: sp_weights and sp_ids differ in nnz")
-        total = tf.math.unsorted_segment_sum(emb * w[:, None], segments, batch)
-        if combiner == "sum":
-            return total
+        # TensorFlow's segment ops need the row ids sorted: the entries are put in row-major
+        # order (the summation order of a canonical SparseTensor; the identity on one).
+        order = tf.argsort(segment_ids * sp_ids.dense_shape[1] + sp_ids.indices[:, 1], stable=True)
+        segment_ids, ids = tf.gather(segment_ids, order), tf.gather(ids, order)
+        if weights is not None:
+            weights = tf.gather(weights, order)
+        unique_ids, idx = tf.unique(ids)
+        emb = _clip(hps_lookup(unique_ids, self.model_name, self.table_id, self.emb_vec_size,
+                               self.ps_config_file, self.global_batch_size), max_norm)
+        if weights is None:
+            # tf.nn.embedding_lookup_sparse without weights: one sparse segment reduction.
+            reduce = {"sum": tf.sparse.segment_sum, "mean": tf.sparse.segment_mean,
+                      "sqrtn": tf.sparse.segment_sqrt_n}[combiner]
+            return reduce(emb, idx, segment_ids, num_segments=batch, name=name)
+        # With weights: weighted rows, then sorted segment sums (the rows after the last
+        # non-empty one are added as zeros).
+        segment_ids = tf.cast(segment_ids, tf.int32)
+        weights = tf.reshape(weights, [-1, 1])
+        out = tf.math.segment_sum(tf.gather(emb, idx) * weights, segment_ids)
         if combiner == "mean":
-            denom = tf.math.unsorted_segment_sum(w, segments, batch)
-        else:
-            denom = tf.sqrt(tf.math.unsorted_segment_sum(w * w, segments, batch))
-        return tf.math.divide_no_nan(total, denom[:, None])
+            out = tf.math.divide_no_nan(out, tf.math.segment_sum(weights, segment_ids))
+        elif combiner == "sqrtn":
+            out = tf.math.divide_no_nan(out, tf.sqrt(tf.math.segment_sum(tf.pow(weights, 2), segment_ids)))
+        return tf.pad(out, [[0, tf.cast(batch, tf.int32) - tf.shape(out)[0]], [0, 0]], name=name)

@@ -242,8 +242,9 @@ def test_init_once_per_file_and_shutdown(tmp_path):
     path = tmp_path / "hps.json"
     path.write_text(json.dumps(_cfg({("i", "t"): tab}, persistent={"type": "rocks_db", "path": str(tmp_path / "db")})))
     try:
-        ps = hps.Init(8, str(path))
-        assert hps.init(8, str(path)) is ps and hps.get_server() is ps and hps.get_server(str(path)) is ps
+        assert hps.Init(8, str(path)) == "OK"
+        ps = hps.get_server(str(path))
+        assert hps.init(8, str(path)) == "OK" and hps.get_server() is ps and hps.get_server(str(path)) is ps
         assert np.array_equal(ps.lookup("i", 0, tab.keys), tab.vectors)
     finally:
         hps.shutdown()
