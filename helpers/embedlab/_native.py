@@ -7,14 +7,21 @@ Two libraries sit next to this file after `pip install --no-build-isolation ./he
 * ``_embedlab_core``: a framework-free Python module over NumPy / DLPack arrays (``core()``),
   the same kernels for callers without TensorFlow (benchmarks, GPU checks, servers).
 
+Both hold the CPU kernels once per instruction set of the build (baseline and AVX2 on x86-64)
+and run the best one this CPU supports, chosen when they load (``cpu_isa()``;
+``EMBEDLAB_CPU_ISA_RUNTIME=baseline`` forces the baseline ones, which give the same bits).
+
 There is never a fallback to a built-in TensorFlow op: if the library is missing, you get an
 error with the command that builds it.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib
 import json
+import os
+import sys
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -40,29 +47,43 @@ def _flag(value: str) -> bool:
 
 
 def build_info() -> dict:
-    """How the native libraries were built.
+    """How the native libraries were built, and which CPU kernels this process runs.
 
     Returns:
         dict with ``embedlab_version``, ``tensorflow_version`` (the one the op library was
         compiled against), ``tf_ops_built``, ``tf_gpu_kernels``, ``cuda_built``,
         ``cuda_option`` (``EMBEDLAB_CUDA`` at build time: AUTO, ON or OFF), ``cuda_reason``
         (why the CUDA kernels were or were not built, e.g. "AUTO: skipped, no GPU visible and
-        TensorFlow is a CPU build"), ``cuda_version``, ``cuda_architectures``, ``cpu_isa`` (the CPU kernels' instruction
-        set: ``"avx2"`` or ``"baseline"``), ``compiler``, ``build_type``, and
+        TensorFlow is a CPU build"), ``cuda_version``, ``cuda_architectures``,
+        ``cpu_isas_built`` (the instruction sets the CPU kernels were compiled for:
+        ``["baseline", "avx2"]`` on x86-64, ``["baseline"]`` with ``EMBEDLAB_CPU_ISA=BASELINE``),
+        ``cpu_isa_option`` (``EMBEDLAB_CPU_ISA`` at build time), ``cpu_isa`` (the one this
+        process runs, see ``cpu_isa()``), ``compiler``, ``build_type``, and
         ``tensorflow_runtime`` (the TensorFlow imported now, or None).
+
+    Raises:
+        NativeLibraryError: ``EMBEDLAB_CPU_ISA_RUNTIME`` asks for kernels that were not built or
+            that this CPU cannot run.
 
     Example:
         >>> import embedlab
-        >>> embedlab.build_info()["cuda_built"] in (True, False)
+        >>> embedlab.build_info()["cpu_isa"] in embedlab.build_info()["cpu_isas_built"]
         True
     """
     info = dict(_info_file())
     for key in ("tf_ops_built", "tf_gpu_kernels", "cuda_built"):
         info[key] = _flag(info[key])
-    import sys
+    info["cpu_isas_built"] = _isas_built(info)
+    info["cpu_isa"] = cpu_isa()
     tf = sys.modules.get("tensorflow")
     info["tensorflow_runtime"] = getattr(tf, "__version__", None)
     return info
+
+
+# The instruction sets the CPU kernels can be compiled for (csrc/core/cpu_isa.h), and the
+# variable that picks one at load time.
+_ISAS = ("baseline", "avx2")
+ISA_ENV = "EMBEDLAB_CPU_ISA_RUNTIME"
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,19 +99,100 @@ def _cpu_flags() -> frozenset | None:
     return None
 
 
-def check_cpu(info: dict | None = None, flags: set | None = None) -> None:
-    """Raises NativeLibraryError if the CPU kernels were compiled for an instruction set this CPU
-    lacks (an AVX2 build copied to an older machine would otherwise die of SIGILL)."""
-    info = _info_file() if info is None else info
-    isa = info.get("cpu_isa", "baseline")
-    if isa == "baseline":
-        return
-    flags = _cpu_flags() if flags is None else flags
-    if flags is not None and isa not in flags:
+def _isas_built(info: dict) -> list:
+    built = [isa for isa in str(info.get("cpu_isas_built", "")).split(",") if isa]
+    if not built or any(isa not in _ISAS for isa in built):
         raise NativeLibraryError(
-            f"EmbedLab's CPU kernels were compiled for {isa.upper()} (on the machine that built them) but this "
-            f"CPU has no {isa.upper()}; rebuild them here for the baseline instruction set: "
-            f"EMBEDLAB_CPU_ISA=BASELINE pip install --no-build-isolation --force-reinstall ./helpers")
+            f"EmbedLab's build info names no CPU kernels this version knows "
+            f"(cpu_isas_built={info.get('cpu_isas_built')!r}); {_REBUILD}")
+    return built
+
+
+def check_cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None = None) -> str:
+    """Checks ``EMBEDLAB_CPU_ISA_RUNTIME`` before a native library loads; returns what it asks
+    for: ``"auto"``, ``"baseline"`` or ``"avx2"``.
+
+    The libraries themselves never fail on it (they run the best kernels the CPU supports
+    unless it says ``baseline``), so a value they would not honour must be refused here.
+
+    Args:
+        info, flags, env: the build info, this CPU's /proc/cpuinfo flags and the environment,
+            for tests; None reads the real ones.
+
+    Raises:
+        NativeLibraryError: the value is not auto, baseline or avx2 (exactly; unset or empty
+            means auto), or asks for kernels that were not built or that this CPU cannot run.
+    """
+    info = _info_file() if info is None else info
+    env = os.environ if env is None else env
+    built = _isas_built(info)
+    raw = env.get(ISA_ENV, "")
+    want = raw or "auto"
+    if want not in ("auto",) + _ISAS:
+        raise NativeLibraryError(f"{ISA_ENV} must be auto, baseline or avx2 (or unset), got {raw!r}")
+    if want != "auto" and want not in built:
+        raise NativeLibraryError(
+            f"{ISA_ENV}={raw} but EmbedLab's CPU kernels were built for {', '.join(built)} only "
+            f"(EMBEDLAB_CPU_ISA={info.get('cpu_isa_option')}); unset {ISA_ENV}, or rebuild them with "
+            f"EMBEDLAB_CPU_ISA=AUTO: {_REBUILD}")
+    flags = _cpu_flags() if flags is None else flags
+    if want == "avx2" and flags is not None and "avx2" not in flags:
+        raise NativeLibraryError(f"{ISA_ENV}=avx2 but this CPU has no AVX2; unset it (or set it to baseline)")
+    return want
+
+
+def cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None = None) -> str:
+    """The instruction set of the CPU kernels in this process: ``"baseline"`` or ``"avx2"``.
+
+    The native libraries hold one copy of the kernels per instruction set they were built for
+    (``build_info()["cpu_isas_built"]``) and run the best one this CPU supports, chosen once
+    when they load. ``EMBEDLAB_CPU_ISA_RUNTIME``, read at that moment (so set it before the
+    first EmbedLab op or ``core()`` call), overrides the choice: ``auto`` (or unset) chooses,
+    ``baseline`` forces the baseline kernels, ``avx2`` requires the AVX2 ones. Every copy gives
+    the same bits (floats are never contracted into FMAs): forcing one changes only speed.
+
+    Args:
+        info, flags, env: as for ``check_cpu_isa``.
+
+    Raises:
+        NativeLibraryError: as ``check_cpu_isa``.
+
+    Example:
+        >>> from embedlab import _native
+        >>> _native.cpu_isa(info={"cpu_isas_built": "baseline,avx2"}, flags={"sse2"}, env={})
+        'baseline'
+    """
+    if info is None and flags is None and env is None:
+        loaded = loaded_cpu_isas()
+        if loaded:  # what the libraries chose (the same: both read the same variable and CPU)
+            return loaded.get("tf_ops", loaded.get("core"))
+    info = _info_file() if info is None else info
+    want = check_cpu_isa(info, flags, env)
+    if want != "auto":
+        return want
+    if "avx2" not in _isas_built(info):
+        return "baseline"
+    flags = _cpu_flags() if flags is None else flags
+    if flags is None:  # no /proc/cpuinfo: the library asks the CPU itself (CPUID)
+        return core().cpu_isa
+    return "avx2" if "avx2" in flags else "baseline"
+
+
+def loaded_cpu_isas() -> dict:
+    """What each native library loaded in this process reports it runs, by library:
+    ``{"core": "avx2", "tf_ops": "avx2"}``; a library not loaded yet is absent."""
+    out = {}
+    mod = sys.modules.get("embedlab._embedlab_core")
+    if mod is not None:
+        out["core"] = mod.cpu_isa
+    if tf_ops.cache_info().currsize:
+        # The op library exports embedlab_cpu_isa() (csrc/core/cpu_isa.h); this handle is the
+        # copy TensorFlow loaded, not a second one.
+        fn = ctypes.CDLL(str(_HERE / "_embedlab_ops.so")).embedlab_cpu_isa
+        fn.restype = ctypes.c_char_p
+        fn.argtypes = []
+        out["tf_ops"] = fn().decode()
+    return out
 
 
 def cuda_built() -> bool:
@@ -101,7 +203,7 @@ def cuda_built() -> bool:
 @functools.lru_cache(maxsize=None)
 def core():
     """The framework-free module ``embedlab._embedlab_core`` (see csrc/py/module.cc)."""
-    check_cpu()
+    check_cpu_isa()
     try:
         return importlib.import_module("embedlab._embedlab_core")
     except ImportError as e:
@@ -130,7 +232,7 @@ def tf_ops():
                 f"EmbedLab's GPU kernels were compiled with CUDA {ours} but TensorFlow {running} was built "
                 f"with CUDA {tf_cuda or 'unknown'}; install a CUDA toolkit whose major version matches "
                 f"TensorFlow's (see README, GPU) or build with EMBEDLAB_CUDA=OFF, then {_REBUILD}")
-    check_cpu()
+    check_cpu_isa()
     path = _HERE / "_embedlab_ops.so"
     if not path.exists():
         raise NativeLibraryError(f"{path} is missing; {_REBUILD}")

@@ -69,25 +69,211 @@ def test_build_info_says_why_cuda_was_or_was_not_built():
     print(f"CUDA kernels built: {info['cuda_built']} ({info['cuda_reason']})")
 
 
-def test_build_info_names_the_cpu_instruction_set():
+def test_build_info_names_the_cpu_instruction_sets():
+    """AUTO builds the baseline and, on x86-64, the AVX2 kernels; a process runs AVX2 exactly when
+    this CPU has it (unless EMBEDLAB_CPU_ISA_RUNTIME says otherwise), and both libraries report
+    the instruction set that build_info() names."""
+    import platform
     info = _native.build_info()
-    assert info["cpu_isa"] in ("avx2", "baseline")
+    built = info["cpu_isas_built"]
+    assert built[0] == "baseline" and set(built) <= {"baseline", "avx2"}, built
+    assert info["cpu_isa_option"] in ("AUTO", "BASELINE")
+    if info["cpu_isa_option"] == "BASELINE":
+        assert built == ["baseline"]
+    elif platform.machine() in ("x86_64", "AMD64"):
+        assert built == ["baseline", "avx2"]
     flags = _native._cpu_flags()
-    if flags is not None and info["cpu_isa"] == "avx2":
-        assert "avx2" in flags  # AUTO only picks AVX2 on a machine that has it
+    request = os.environ.get(_native.ISA_ENV, "") or "auto"
+    if request == "auto" and flags is not None:
+        assert info["cpu_isa"] == ("avx2" if "avx2" in built and "avx2" in flags else "baseline"), info
+    _native.core()
+    _native.tf_ops()
+    loaded = _native.loaded_cpu_isas()
+    assert loaded == {"core": info["cpu_isa"], "tf_ops": info["cpu_isa"]}, loaded
+    assert _native.core().cpu_isas_built == ",".join(built)
+    print(f"CPU kernels built for {built}, running {info['cpu_isa']}")
 
 
-def test_avx2_build_refuses_a_cpu_without_avx2(monkeypatch):
-    """An AVX2 build on an older CPU must raise with the rebuild command, not die of SIGILL."""
-    with pytest.raises(_native.NativeLibraryError, match=r"compiled for AVX2.*EMBEDLAB_CPU_ISA=BASELINE"):
-        _native.check_cpu({"cpu_isa": "avx2"}, flags={"sse2", "avx"})
-    _native.check_cpu({"cpu_isa": "avx2"}, flags={"sse2", "avx", "avx2"})
-    _native.check_cpu({"cpu_isa": "baseline"}, flags={"sse2"})
-    monkeypatch.setattr(_native, "_cpu_flags", lambda: None)  # no /proc/cpuinfo: nothing to check against
-    _native.check_cpu({"cpu_isa": "avx2"})
-    monkeypatch.setattr(_native, "_cpu_flags", lambda: {"sse2"})
-    with pytest.raises(_native.NativeLibraryError, match="no AVX2"):
-        _native.check_cpu({"cpu_isa": "avx2"})
+def test_cpu_isa_choice_and_its_errors():
+    """The choice (best supported unless EMBEDLAB_CPU_ISA_RUNTIME says otherwise), and a clear
+    error, before any library loads, for a value the libraries would not honour."""
+    both, base = {"cpu_isas_built": "baseline,avx2"}, {"cpu_isas_built": "baseline", "cpu_isa_option": "BASELINE"}
+    old_cpu, new_cpu = frozenset({"sse2", "avx"}), frozenset({"sse2", "avx", "avx2"})
+    isa = _native.cpu_isa
+    assert isa(both, old_cpu, {}) == "baseline"
+    assert isa(both, new_cpu, {}) == "avx2"
+    assert isa(both, new_cpu, {_native.ISA_ENV: "auto"}) == "avx2"
+    assert isa(both, new_cpu, {_native.ISA_ENV: ""}) == "avx2"
+    assert isa(both, new_cpu, {_native.ISA_ENV: "baseline"}) == "baseline"
+    assert isa(both, new_cpu, {_native.ISA_ENV: "avx2"}) == "avx2"
+    assert isa(base, new_cpu, {}) == "baseline"
+    with pytest.raises(_native.NativeLibraryError, match="EMBEDLAB_CPU_ISA_RUNTIME=avx2 but this CPU has no AVX2"):
+        isa(both, old_cpu, {_native.ISA_ENV: "avx2"})
+    with pytest.raises(_native.NativeLibraryError, match=r"built for baseline only \(EMBEDLAB_CPU_ISA=BASELINE\).*"
+                                                         r"EMBEDLAB_CPU_ISA=AUTO.*make setup"):
+        isa(base, new_cpu, {_native.ISA_ENV: "avx2"})
+    for bad in ("Baseline", "sse2", " avx2", "avx512"):
+        with pytest.raises(_native.NativeLibraryError, match="must be auto, baseline or avx2"):
+            isa(both, new_cpu, {_native.ISA_ENV: bad})
+    with pytest.raises(_native.NativeLibraryError, match="names no CPU kernels this version knows.*make setup"):
+        isa({"cpu_isa": "avx2"}, new_cpu, {})  # build info of another version: rebuild
+
+
+def test_a_bad_cpu_isa_request_stops_the_libraries_from_loading():
+    """Neither library loads under a request it would not honour (a library alone would run
+    other kernels than asked, so the check sits in front of both)."""
+    code = (
+        "import embedlab._native as n\n"
+        "for load in (n.core, n.tf_ops):\n"
+        "    try:\n"
+        "        load()\n"
+        "        print('LOADED', load.__name__)\n"
+        "    except n.NativeLibraryError as e:\n"
+        "        print('ERR', load.__name__, e)\n"
+        "import sys\n"
+        "print('IMPORTED', sorted(m for m in sys.modules if m.startswith('embedlab._embedlab')))\n"
+    )
+    env = dict(os.environ, EMBEDLAB_CPU_ISA_RUNTIME="sse4")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("ERR") and "must be auto, baseline or avx2" in line for line in lines) == 2, out.stdout
+    assert "IMPORTED []" in out.stdout, out.stdout
+
+
+def _isa_workload(seed: int, out_path: str) -> None:
+    """Lookups, backward passes and optimizer steps through both libraries, with a fixed seed;
+    writes every result (and which kernels each library ran) to out_path (.npz). Run in a fresh
+    process per instruction set by test_baseline_and_avx2_kernels_give_the_same_bits."""
+    import tensorflow as tf
+    from embedlab import ops
+    from embedlab import optimizers as eopt
+
+    rng = np.random.default_rng(seed)
+    core = _native.core()
+    res = {}
+    dims = (1, 4, 7, 8, 16, 33, 64, 128)  # the fixed widths the kernels unroll, and odd ones
+    tables = [rng.standard_normal((int(rng.integers(20, 400)), d)).astype(np.float32) for d in dims]
+    for combiner in ("sum", "mean"):
+        for weighted in (False, True):
+            tag = f"{combiner}_{'w' if weighted else 'u'}"
+            csr = [random_csr(rng, int(rng.integers(1, 90)), len(t), zipf=bool(i % 2)) for i, t in enumerate(tables)]
+            wts = [rng.uniform(0.1, 2.0, size=len(k)).astype(np.float32) for _, k in csr] if weighted else None
+            outs = [np.empty((len(o) - 1, t.shape[1]), np.float32) for (o, _), t in zip(csr, tables)]
+            core.lookup_forward(tables, [o for o, _ in csr], [k for _, k in csr], wts, [combiner] * len(tables),
+                                outs, num_threads=2)
+            for t, (table, (o, k), out) in enumerate(zip(tables, csr, outs)):
+                w = wts[t] if weighted else None
+                res[f"core_fwd_{tag}_{t}"] = out
+                rows = np.repeat(np.arange(len(o) - 1), np.diff(o))
+                coo_out = np.empty_like(out)
+                core.lookup_forward_coo(table, np.stack([rows, np.zeros_like(rows)], 1), k, w, len(o) - 1, combiner,
+                                        coo_out, num_threads=2)
+                res[f"core_coo_{tag}_{t}"] = coo_out
+                g = rng.standard_normal(out.shape).astype(np.float32)
+                uk, gr = core.lookup_backward(o, k, w, combiner, g, len(table), num_threads=2)
+                res[f"core_bwd_keys_{tag}_{t}"], res[f"core_bwd_rows_{tag}_{t}"] = uk, gr
+                for opt in ("sgd", "adagrad", "adam"):
+                    tb, acc = table.copy(), np.full_like(table, 0.1)
+                    m, v = np.zeros_like(table), np.zeros_like(table)
+                    for step in (1, 2, 3):
+                        core.lookup_backward_apply(tb, o, k, w, combiner, g * step, opt, 0.05, accumulator=acc, m=m,
+                                                   v=v, step=step, num_threads=2)
+                    res[f"core_fused_{opt}_{tag}_{t}"] = tb
+                    if len(uk) == 0:
+                        continue
+                    tb, acc = table.copy(), np.full_like(table, 0.1)
+                    m, v = np.zeros_like(table), np.zeros_like(table)
+                    if opt == "sgd":
+                        core.sparse_sgd(tb, uk, gr, 0.05, num_threads=2)
+                    elif opt == "adagrad":
+                        core.sparse_adagrad(tb, acc, uk, gr, 0.05, 1e-7, num_threads=2)
+                    else:
+                        core.sparse_adam(tb, m, v, uk, gr, 0.05, 0.9, 0.999, 1e-7, 2, num_threads=2)
+                    res[f"core_sparse_{opt}_{tag}_{t}"] = tb
+    # The TensorFlow op library: the fused forward and its gradient, the optimizers (apply_gradients
+    # and the optimizer inside the backward), Global Adam and its deferred catch-up.
+    shapes = [(int(rng.integers(30, 300)), d) for d in (16, 64, 7, 128)]
+    combs = ["sum", "mean", "sum", "mean"]
+    for kind, make in (("sgd", lambda: eopt.SGD(0.1)), ("adagrad", lambda: eopt.Adagrad(0.1)),
+                       ("adam", lambda: eopt.Adam(0.01, beta_1=0.8, beta_2=0.95))):
+        init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        va, vb = [tf.Variable(x) for x in init], [tf.Variable(x) for x in init]
+        oa, ob = make(), make()
+        for step in range(3):
+            ids = [ref.random_ids(rng, 64, r, max_nnz=5).ragged(tf, True) for r, _ in shapes]
+            r = [tf.constant(rng.standard_normal((64, d)).astype(np.float32)) for _, d in shapes]
+            with tf.GradientTape() as tape:
+                outs = ops.fused_embedding_lookup(va, [i for i, _ in ids], combs, weights=[w for _, w in ids])
+                loss = tf.add_n([tf.reduce_sum(o * x) for o, x in zip(outs, r)])
+            grads = tape.gradient(loss, va)
+            for t, (o, g) in enumerate(zip(outs, grads)):
+                res[f"tf_fwd_{kind}_{step}_{t}"] = o.numpy()
+                res[f"tf_grad_values_{kind}_{step}_{t}"] = g.values.numpy()
+                res[f"tf_grad_indices_{kind}_{step}_{t}"] = g.indices.numpy()
+            oa.apply_gradients(zip(grads, va))
+            with tf.GradientTape() as tape:
+                outs = ops.fused_embedding_lookup(vb, [i for i, _ in ids], combs, weights=[w for _, w in ids],
+                                                  optimizer=ob)
+                loss = tf.add_n([tf.reduce_sum(o * x) for o, x in zip(outs, r)])
+            tape.gradient(loss, vb)
+        for t, (a, b) in enumerate(zip(va, vb)):
+            res[f"tf_apply_{kind}_{t}"], res[f"tf_in_backward_{kind}_{t}"] = a.numpy(), b.numpy()
+    lib = _native.tf_ops()
+    rows, dim = 300, 16
+    w = tf.Variable(rng.standard_normal((rows, dim)).astype(np.float32))
+    m = tf.Variable((rng.standard_normal((rows, dim)) * 0.01).astype(np.float32))
+    v = tf.Variable((rng.random((rows, dim)) * 0.001).astype(np.float32))
+    adam = [tf.constant(x, tf.float64) for x in (0.9, 0.999)] + [tf.constant(1e-7, tf.float32)]
+    for step in (1, 2, 3):
+        idx = np.unique(rng.integers(0, 250, size=40)).astype(np.int64)
+        g = rng.standard_normal((len(idx), dim)).astype(np.float32)
+        lib.embed_lab_global_apply_adam([w.handle], [m.handle], [v.handle], [tf.constant(idx)], [tf.constant(g)],
+                                        tf.constant(0.01), *adam, tf.constant(step, tf.int64),
+                                        tf.constant([260], tf.int64))
+    last = tf.Variable(rng.integers(0, 4, size=rows).astype(np.int64))
+    lib.embed_lab_global_adam_catch_up(w.handle, m.handle, v.handle, last.handle, tf.zeros([0], tf.int64),
+                                       tf.constant(rows, tf.int64), tf.constant(6, tf.int64),
+                                       tf.constant([0.01, 0.02, 0.005, 0.01, 0.03, 0.02, 0.01, 0.04], tf.float32),
+                                       *adam)
+    res["tf_global_adam_w"], res["tf_global_adam_m"], res["tf_global_adam_v"] = w.numpy(), m.numpy(), v.numpy()
+    loaded = _native.loaded_cpu_isas()
+    np.savez(out_path, _isa_core=np.array(loaded["core"]), _isa_tf_ops=np.array(loaded["tf_ops"]), **res)
+
+
+def test_baseline_and_avx2_kernels_give_the_same_bits(rng, tmp_path):
+    """The same lookups, backward passes and optimizer steps (both libraries, every unrolled
+    width, sum and mean, weights, duplicates, -1 padding) in a process that runs the AVX2
+    kernels and in one forced onto the baseline (EMBEDLAB_CPU_ISA_RUNTIME=baseline) give the
+    same bits: no FMA contraction, no reassociation in the vector code."""
+    info = _native.build_info()
+    flags = _native._cpu_flags()
+    if "avx2" not in info["cpu_isas_built"]:
+        pytest.skip(f"only {info['cpu_isas_built']} kernels were built (EMBEDLAB_CPU_ISA={info['cpu_isa_option']})")
+    if flags is not None and "avx2" not in flags:
+        pytest.skip("this CPU has no AVX2: the AVX2 kernels cannot run here")
+    seed = int(rng.integers(2**31))
+    here = os.path.dirname(os.path.abspath(__file__))
+    results = {}
+    for isa in ("avx2", "baseline"):
+        env = dict(os.environ, EMBEDLAB_CPU_ISA_RUNTIME=isa, TF_CPP_MIN_LOG_LEVEL="3")
+        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in sys.path if p])
+        path = tmp_path / f"{isa}.npz"
+        code = f"import test_native; test_native._isa_workload({seed}, {str(path)!r})"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        with np.load(path) as z:
+            results[isa] = {k: z[k] for k in z.files}
+    a, b = results["avx2"], results["baseline"]
+    assert (str(a.pop("_isa_core")), str(a.pop("_isa_tf_ops"))) == ("avx2", "avx2")
+    assert (str(b.pop("_isa_core")), str(b.pop("_isa_tf_ops"))) == ("baseline", "baseline")
+    assert a.keys() == b.keys() and len(a) > 400, len(a)
+    differ = [k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
+    assert not differ, f"{len(differ)} of {len(a)} results differ between AVX2 and baseline, e.g. {differ[:5]}"
+    floats = [k for k in a if a[k].dtype == np.float32 and a[k].size]
+    assert sum(bool(np.any(a[k] != 0)) for k in floats) > 0.9 * len(floats)  # the results hold values
+    print(f"{len(a)} results, {sum(x.size for x in a.values()):,} values: the same bits with AVX2 and baseline")
 
 
 def test_op_library_refuses_another_tensorflow(tmp_path):

@@ -115,22 +115,29 @@ class LookupGradCpu {
   // sparse_<opt>_cpu on the unique keys, bit for bit. Needs min_key() >= -1 and
   // max_key() < target.num_rows (the caller checks; nothing is checked here).
   void apply(const SparseUpdateArgs& target, const SparseOptimizer& opt, ThreadPool& pool) const;
-  int64_t num_unique() const { return static_cast<int64_t>(unique_keys_.size()); }
+  int64_t num_unique() const { return static_cast<int64_t>(s_.unique_keys.size()); }
   // The smallest key prepare() saw (any key, -1 and invalid ones included) and the largest
   // valid one; -1 when there were none. Lets adapters validate without another pass.
-  int64_t min_key() const { return min_key_; }
-  int64_t max_key() const { return max_key_; }
+  int64_t min_key() const { return s_.min_key; }
+  int64_t max_key() const { return s_.max_key; }
+
+  // What prepare() leaves for fill() and apply(). A public type only because the kernels are
+  // compiled once per instruction set (cpu_isa.h) and take it as an argument; callers use the
+  // methods above.
+  struct State {
+    LookupGradArgs args;
+    int64_t min_key = -1, max_key = -1;
+    std::vector<int64_t> unique_keys;  // the valid keys, sorted, each once
+    std::vector<int64_t> slot_of_pos;  // [nnz] index into unique_keys of each position's key; -1 if none
+  };
 
  private:
-  LookupGradArgs args_;
-  int64_t min_key_ = -1, max_key_ = -1;
-  std::vector<int64_t> unique_keys_;  // the valid keys, sorted, each once
-  std::vector<int64_t> slot_of_pos_;  // [nnz] index into unique_keys_ of each position's key; -1 if none
   // All buffers keep their capacity: an object reused across calls (the TF op keeps one per
   // table) allocates nothing after the first call, so worker threads take no page faults.
   // Scratch that only one call reads (the sort's buffers, apply()'s summed rows, fill()'s
   // first-touch flags) belongs to the calling thread instead (thread_local in
   // embedding_cpu.cc), where it stays in cache from one table to the next.
+  State s_;
 };
 
 // Sorts (key, payload-index) pairs by key, stable in index, and reports the runs of equal

@@ -1,4 +1,5 @@
-// Multi-threaded CPU implementation of the contract in embedding.h.
+// Multi-threaded CPU kernels of the contract in embedding.h: the forward, the backward and the
+// sparse optimizers. The entry points of embedding.h call them through embedding_api_cpu.cc.
 //
 // Where the time goes: the forward and the optimizers are gathers/scatters of random table
 // rows, bound by memory latency, so they prefetch a few keys ahead and parallelise over
@@ -6,16 +7,47 @@
 // the bits the largest key needs (two 10-bit passes for a 1M-row table), then sums the
 // output-gradient rows in one pass in position order (sequential reads), so contributions to
 // one key are added in position order: deterministic bits.
+//
+// Compiled once per instruction set (CMakeLists.txt, cpu_isa.h): into namespace
+// embedlab::baseline, and with EMBEDLAB_ISA_AVX2 into embedlab::avx2. AVX2's 32-byte loads, adds
+// and stores halve the memory instructions per table row: at dims 64 and 128 the SSE2 forward
+// ran 11-28 % above a plain gather of the same rows and the AVX2 one at or below it
+// (helpers/benchmarks/gather_floor.cc, 2-core AMD EPYC VM). Both copies do the same float
+// operations in the same order and nothing is contracted into an FMA (-ffp-contract=off), so
+// they give the same bits.
+//
+// The AVX2 copy is compiled under `#pragma GCC target("avx2")`, opened after the last #include,
+// rather than with -mavx2: only the functions defined in this file become AVX2 code. The inline
+// functions and templates of the headers (std::vector, std::function, ...) keep the baseline
+// target wherever they are emitted out of line; the linker keeps one copy of each for the whole
+// library, and with -mavx2 that copy could be an AVX2 one that a baseline caller then runs on a
+// CPU without AVX2. Inlined into an AVX2 function they are compiled for AVX2 there.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <type_traits>
+#include <vector>
 
+#include "cpu_isa.h"
 #include "embedding.h"
 
+#if defined(EMBEDLAB_ISA_AVX2)
+#if !defined(__GNUC__) || defined(__clang__)
+#error "the AVX2 kernels are compiled with GCC's #pragma GCC target (CMakeLists.txt builds them with GCC only)"
+#endif
+#define EMBEDLAB_ISA_NS avx2
+#define EMBEDLAB_ISA_ENUM CpuIsa::kAvx2
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#else
+#define EMBEDLAB_ISA_NS baseline
+#define EMBEDLAB_ISA_ENUM CpuIsa::kBaseline
+#endif
+
 namespace embedlab {
+namespace EMBEDLAB_ISA_NS {
 namespace {
 
 constexpr int kPrefetchDistance = 16;
@@ -228,51 +260,7 @@ void radix_order(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<
 
 }  // namespace
 
-bool parse_combiner(const std::string& name, Combiner* out) {
-  if (name == "sum") { *out = Combiner::kSum; return true; }
-  if (name == "mean") { *out = Combiner::kMean; return true; }
-  return false;
-}
-
-namespace {
-
-// Messages are built with std::to_string rather than iostreams: an ostringstream here
-// segfaulted on the GPU test machine (cause not established), and these error paths must not
-// fail themselves.
-std::string str(int64_t v) { return std::to_string(v); }
-
-}  // namespace
-
-std::string check_offsets(const CsrIds& ids) {
-  if (ids.batch < 0 || ids.nnz < 0) return "negative size (batch " + str(ids.batch) + ", nnz " + str(ids.nnz) + ")";
-  const int64_t* off = ids.row_offsets;
-  if (off[0] != 0) return "row_offsets[0] is " + str(off[0]) + ", expected 0";
-  for (int64_t r = 0; r < ids.batch; ++r) {
-    if (off[r + 1] < off[r])
-      return "row_offsets decrease at row " + str(r) + " (" + str(off[r]) + " then " + str(off[r + 1]) + ")";
-  }
-  if (off[ids.batch] != ids.nnz)
-    return "row_offsets end at " + str(off[ids.batch]) + " but there are " + str(ids.nnz) + " keys";
-  return "";
-}
-
-std::string check_ids(const CsrIds& ids, int64_t num_rows) {
-  std::string err = check_offsets(ids);
-  if (!err.empty()) return err;
-  const int64_t* off = ids.row_offsets;
-  for (int64_t j = 0; j < ids.nnz; ++j) {
-    const int64_t k = ids.keys[j];
-    if (k < -1 || k >= num_rows) {
-      const int64_t row = std::upper_bound(off, off + ids.batch + 1, j) - off - 1;
-      const std::string where = "key " + str(k) + " at position " + str(j) + " (row " + str(row) + ")";
-      if (k < -1) return where + " is negative; only -1 may mark a missing key";
-      return where + " is outside the table of " + str(num_rows) + " rows";
-    }
-  }
-  return "";
-}
-
-int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
+int lookup_forward(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
   // Offsets: the ends here (O(1)); every row's pair inside the kernel, in the same pass as
   // the lookup. Together that is check_offsets without its separate pass over each table.
   for (int t = 0; t < num_tables; ++t) {
@@ -339,8 +327,8 @@ CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, in
 
 }  // namespace
 
-void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
-                            std::vector<int>* status) {
+void lookup_forward_coo(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
+                        std::vector<int>* status) {
   std::vector<std::atomic<int>> st(num_tables);
   for (int t = 0; t < num_tables; ++t) {
     const int64_t batch = tables[t].ids.batch, nnz = tables[t].ids.nnz;
@@ -371,8 +359,8 @@ void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int nu
   for (int t = 0; t < num_tables; ++t) (*status)[t] = st[t].load();
 }
 
-void sort_runs_cpu(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order,
-                   std::vector<int64_t>* run_starts, ThreadPool&) {
+void sort_runs(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order,
+               std::vector<int64_t>* run_starts, ThreadPool&) {
   radix_order(keys, n, key_bound, order);
   run_starts->clear();
   for (int64_t i = 0; i < n; ++i) {
@@ -438,14 +426,15 @@ void radix_sort_packed(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp, std
 
 }  // namespace
 
-int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
+int64_t grad_prepare(LookupGradCpu::State* state, const LookupGradArgs& args, ThreadPool& pool) {
+  LookupGradCpu::State& s = *state;
   // Groups the contributions by key: each valid position's index among the sorted unique keys
-  // (slot_of_pos_). fill() then walks the ids in position order, reading each output-gradient
+  // (s.slot_of_pos). fill() then walks the ids in position order, reading each output-gradient
   // row once and in order, and sums into the rows of the unique keys in position order per key.
-  args_ = args;
+  s.args = args;
   const CsrIds& ids = args.ids;
-  slot_of_pos_.resize(ids.nnz);
-  unique_keys_.clear();
+  s.slot_of_pos.resize(ids.nnz);
+  s.unique_keys.clear();
   // One pass: min / max / count, and each valid key packed as (key << pos_bits | position)
   // for a sort on the key bits only; a key too wide to pack sends the table to the slow path.
   const int pos_bits = bits_for(static_cast<uint64_t>(ids.nnz));
@@ -465,19 +454,19 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
       wide |= static_cast<uint64_t>(k) & too_wide;
       packed[valid++] = (static_cast<uint64_t>(k) << pos_bits) | static_cast<uint64_t>(j);
     } else {
-      slot_of_pos_[j] = -1;
+      s.slot_of_pos[j] = -1;
     }
   }
-  min_key_ = ids.nnz == 0 ? -1 : min_key;
-  max_key_ = valid > 0 ? max_key : -1;
+  s.min_key = ids.nnz == 0 ? -1 : min_key;
+  s.max_key = valid > 0 ? max_key : -1;
   packed.resize(valid);
   if (wide == 0) {
     radix_sort_packed(&packed, &scratch, &counts, pos_bits, bits_for(static_cast<uint64_t>(max_key) + 1));
     const uint64_t pos_mask = pos_bits == 0 ? 0 : (~uint64_t{0} >> (64 - pos_bits));
     for (int64_t i = 0; i < valid; ++i) {
       const int64_t k = static_cast<int64_t>(packed[i] >> pos_bits);
-      if (i == 0 || k != unique_keys_.back()) unique_keys_.push_back(k);
-      slot_of_pos_[packed[i] & pos_mask] = static_cast<int64_t>(unique_keys_.size()) - 1;
+      if (i == 0 || k != s.unique_keys.back()) s.unique_keys.push_back(k);
+      s.slot_of_pos[packed[i] & pos_mask] = static_cast<int64_t>(s.unique_keys.size()) - 1;
     }
   } else {  // keys near 2^63: sort (key, position) pairs as two arrays
     std::vector<int64_t> valid_keys, valid_pos, order, runs;
@@ -488,16 +477,16 @@ int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
       valid_keys.push_back(ids.keys[j]);
       valid_pos.push_back(j);
     }
-    sort_runs_cpu(valid_keys.data(), valid, max_key + 1, &order, &runs, pool);
+    sort_runs(valid_keys.data(), valid, max_key + 1, &order, &runs, pool);
     for (size_t u = 0; u + 1 < runs.size(); ++u) {
-      unique_keys_.push_back(valid_keys[order[runs[u]]]);
+      s.unique_keys.push_back(valid_keys[order[runs[u]]]);
       for (int64_t i = runs[u]; i < runs[u + 1]; ++i)
-        slot_of_pos_[valid_pos[order[i]]] = static_cast<int64_t>(u);
+        s.slot_of_pos[valid_pos[order[i]]] = static_cast<int64_t>(u);
     }
   }
   trim_scratch(&packed);
   trim_scratch(&scratch);
-  return num_unique();
+  return static_cast<int64_t>(s.unique_keys.size());
 }
 
 namespace {
@@ -567,7 +556,7 @@ void sum_all_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t n
   });
 }
 
-// The optimizers' row updates, shared by sparse_*_cpu and the fused backward: each is called
+// The optimizers' row updates, shared by sparse_sgd/adagrad/adam and the fused backward: each is called
 // as update(width, w, slot1, slot2, g, dim) on one row. Same float32 expression order as Keras.
 // kCost: rough ns per element, the thread pool's block-size hint.
 struct SgdRow {
@@ -668,51 +657,46 @@ void with_update(const SparseOptimizer& opt, F fn) {
 
 }  // namespace
 
-void LookupGradCpu::fill(int64_t* unique_keys, float* rows, ThreadPool& pool) const {
-  const int64_t nu = num_unique();
+void grad_fill(const LookupGradCpu::State& s, int64_t* unique_keys, float* rows, ThreadPool& pool) {
+  const int64_t nu = static_cast<int64_t>(s.unique_keys.size());
   if (nu <= 0) return;
-  std::memcpy(unique_keys, unique_keys_.data(), sizeof(int64_t) * nu);
+  std::memcpy(unique_keys, s.unique_keys.data(), sizeof(int64_t) * nu);
   // rows is usually a fresh output tensor: zero each row at its first contribution rather than
   // in a separate pass (every unique key has at least one, so every row is written).
   thread_local std::vector<uint8_t> touched;
   touched.assign(nu, 0);
-  sum_all_rows(args_, slot_of_pos_.data(), nu, rows, pool, touched.data());
+  sum_all_rows(s.args, s.slot_of_pos.data(), nu, rows, pool, touched.data());
   trim_scratch(&touched);
 }
 
-void LookupGradCpu::apply(const SparseUpdateArgs& target, const SparseOptimizer& opt, ThreadPool& pool) const {
+void grad_apply(const LookupGradCpu::State& s, const SparseUpdateArgs& target, const SparseOptimizer& opt,
+                ThreadPool& pool) {
   // Two passes over a reused buffer: the summed rows, then the update, row by row in key order
   // with write prefetches. Interleaving the two per key (or per chunk of 32 to 2,048 keys)
   // measured slower (helpers/benchmarks/RESULTS.md, lookup_cpu): each loop keeps its own stream
   // of misses in flight, and every switch restarts the prefetch pipeline. Same code, so the same bits, as fill() followed
   // by sparse_<opt>_cpu; the difference to that is no output tensors, one op, no allocation.
-  const int64_t nu = num_unique();
+  const int64_t nu = static_cast<int64_t>(s.unique_keys.size());
   if (nu <= 0) return;
   // The summed rows go to a buffer of the calling thread, not of this table: a thread that
   // applies many tables in turn (the TF op's many-table path) reuses one buffer that stays in
   // its L2 cache, instead of memsetting and filling a cold one per table (26 x 512 KiB a step
   // for the Criteo shape).
   thread_local std::vector<float> sums;
-  if (static_cast<int64_t>(sums.size()) < nu * args_.dim) sums.resize(nu * args_.dim);
-  sum_all_rows(args_, slot_of_pos_.data(), nu, sums.data(), pool);
+  if (static_cast<int64_t>(sums.size()) < nu * s.args.dim) sums.resize(nu * s.args.dim);
+  sum_all_rows(s.args, s.slot_of_pos.data(), nu, sums.data(), pool);
   SparseUpdateArgs a = target;
-  a.indices = unique_keys_.data();
+  a.indices = s.unique_keys.data();
   a.grads = sums.data();
   a.n = nu;
   with_update(opt, [&](auto update) { sparse_update(&a, 1, pool, update); });
   trim_scratch(&sums);
 }
 
-bool strictly_increasing(const int64_t* indices, int64_t n) {
-  for (int64_t i = 1; i < n; ++i)
-    if (indices[i] <= indices[i - 1]) return false;
-  return true;
-}
-
-void coalesce_cpu(const int64_t* indices, const float* rows, int64_t n, int64_t dim, int64_t key_bound,
-                  std::vector<int64_t>* out_indices, std::vector<float>* out_rows, ThreadPool& pool) {
+void coalesce(const int64_t* indices, const float* rows, int64_t n, int64_t dim, int64_t key_bound,
+              std::vector<int64_t>* out_indices, std::vector<float>* out_rows, ThreadPool& pool) {
   std::vector<int64_t> order, runs;
-  sort_runs_cpu(indices, n, key_bound, &order, &runs, pool);
+  sort_runs(indices, n, key_bound, &order, &runs, pool);
   const int64_t nu = static_cast<int64_t>(runs.size()) - 1;
   out_indices->resize(std::max<int64_t>(nu, 0));
   out_rows->assign(std::max<int64_t>(nu, 0) * dim, 0.f);
@@ -725,40 +709,20 @@ void coalesce_cpu(const int64_t* indices, const float* rows, int64_t n, int64_t 
   });
 }
 
-std::string make_optimizer(const std::string& name, float lr, float epsilon, double beta1, double beta2,
-                           int64_t step, SparseOptimizer* out) {
-  SparseOptimizer o;
-  if (name == "sgd") {
-    o.kind = OptimizerKind::kSgd;
-    o.sgd = {lr};
-  } else if (name == "adagrad") {
-    o.kind = OptimizerKind::kAdagrad;
-    o.adagrad = {lr, epsilon};
-  } else if (name == "adam") {
-    if (step < 1) return "step must be >= 1, got " + str(step);
-    o.kind = OptimizerKind::kAdam;
-    o.adam = {lr, beta1, beta2, epsilon, step};
-  } else {
-    return "optimizer must be 'sgd', 'adagrad' or 'adam', got '" + name + "'";
-  }
-  *out = o;
-  return "";
-}
-
-void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool) {
+void sparse_sgd(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool) {
   sparse_update(tables, num_tables, pool, SgdRow{p.lr});
 }
 
-void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, ThreadPool& pool) {
+void sparse_adagrad(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, ThreadPool& pool) {
   sparse_update(tables, num_tables, pool, AdagradRow{p});
 }
 
-void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
+void sparse_adam(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
   sparse_update(tables, num_tables, pool, AdamRow(p));
 }
 
-void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
-                     ThreadPool& pool) {
+void global_adam(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
+                 ThreadPool& pool) {
   std::vector<int64_t> rows(num_tables);
   for (int t = 0; t < num_tables; ++t) {
     const SparseUpdateArgs& a = tables[t];
@@ -790,9 +754,9 @@ void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, i
   });
 }
 
-int64_t global_adam_catch_up_cpu(float* table, float* m, float* v, int64_t* last, int64_t num_rows, int64_t dim,
-                                 const int64_t* rows, int64_t n, int64_t all_rows, int64_t target,
-                                 const float* lr_ring, int64_t ring, AdamParams p, ThreadPool& pool) {
+int64_t global_adam_catch_up(float* table, float* m, float* v, int64_t* last, int64_t num_rows, int64_t dim,
+                             const int64_t* rows, int64_t n, int64_t all_rows, int64_t target,
+                             const float* lr_ring, int64_t ring, AdamParams p, ThreadPool& pool) {
   const bool all = all_rows >= 0;
   const int64_t count = all ? std::min(all_rows, num_rows) : n;
   auto row_at = [&](int64_t i) { return all ? i : rows[i]; };
@@ -837,37 +801,16 @@ int64_t global_adam_catch_up_cpu(float* table, float* m, float* v, int64_t* last
   return -1;
 }
 
-std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
-                                bool* in_order, int64_t stride) {
-  std::fill(row_offsets, row_offsets + batch + 1, 0);
-  bool ordered = true;
-  int64_t prev = 0;
-  for (int64_t i = 0; i < nnz; ++i) {
-    const int64_t r = row_index[i * stride];
-    if (static_cast<uint64_t>(r) >= static_cast<uint64_t>(batch)) {
-      return "row index " + str(r) + " at indices[" + str(i) + ", 0] is outside [0, " + str(batch) + ")";
-    }
-    ordered &= (r >= prev);
-    prev = r;
-    ++row_offsets[r + 1];
-  }
-  for (int64_t r = 0; r < batch; ++r) row_offsets[r + 1] += row_offsets[r];
-  *in_order = ordered;
-  return "";
-}
+// This copy's entry points, in the order of EmbeddingKernels' fields (cpu_isa.h).
+extern const EmbeddingKernels kEmbeddingKernels = {
+    EMBEDLAB_ISA_ENUM, &lookup_forward, &lookup_forward_coo, &sort_runs,   &grad_prepare,        &grad_fill,
+    &grad_apply,       &sparse_sgd,     &sparse_adagrad,     &sparse_adam, &global_adam,
+    &global_adam_catch_up, &coalesce,
+};
 
-std::string coo_to_csr_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
-                           int64_t* perm, int64_t stride) {
-  bool in_order = false;
-  const std::string err = coo_row_offsets_cpu(row_index, nnz, batch, row_offsets, &in_order, stride);
-  if (!err.empty()) return err;
-  if (in_order) {
-    std::iota(perm, perm + nnz, int64_t{0});
-    return "";
-  }
-  std::vector<int64_t> cursor(row_offsets, row_offsets + batch);
-  for (int64_t i = 0; i < nnz; ++i) perm[cursor[row_index[i * stride]]++] = i;
-  return "";
-}
-
+}  // namespace EMBEDLAB_ISA_NS
 }  // namespace embedlab
+
+#if defined(EMBEDLAB_ISA_AVX2)
+#pragma GCC pop_options
+#endif

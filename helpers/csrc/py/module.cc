@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "embedding.h"
 #include "arrays.h"
 #include "registry.h"
@@ -305,6 +306,9 @@ NB_MODULE(_embedlab_core, m) {
         return std::make_tuple(off, perm);
       },
       nb::arg("row_index"), nb::arg("batch"));
+  // The CPU kernels' instruction set in this process (chosen here, at import) and those compiled in.
+  m.attr("cpu_isa") = cpu_isa_name(cpu_isa());
+  m.attr("cpu_isas_built") = cpu_isas_built();
   // The other capabilities' bindings (csrc/py/*_bindings.cc), registered by static initializers.
   for (auto fn : embedlab_py::registry()) fn(m);
 #ifdef EMBEDLAB_WITH_CUDA
