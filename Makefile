@@ -14,7 +14,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # CUDA kernels: AUTO (built when nvcc is found AND they can run here: a GPU is visible or
 # TensorFlow is a CUDA build), ON (always, fails without nvcc) or OFF; read by helpers/pyproject.toml.
 export EMBEDLAB_CUDA ?= AUTO
-# CPU kernels: AUTO (AVX2 when this machine has it), AVX2 or BASELINE; read by helpers/pyproject.toml.
+# CPU kernels: AUTO (baseline + AVX2 on x86-64, picked at load time) or BASELINE; read by helpers/pyproject.toml.
 export EMBEDLAB_CPU_ISA ?= AUTO
 # JupyterLab's address (make lab). The Docker images set 0.0.0.0 and publish the port on the
 # host's loopback only.
