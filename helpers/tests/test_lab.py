@@ -215,20 +215,56 @@ def test_lab_sh_passes_extra_arguments_and_refuses_a_second_address(tmp_path):
 
 @pytest.mark.skipif(not (ROOT / "docker").is_dir(), reason="needs the repository checkout (docker/)")
 def test_docker_images_use_make_lab_and_leave_host_outputs_out():
+    """What make docker-test cannot see: the GPU image (not buildable without its registry) and
+    the rules both images and the compose file keep. make docker-test builds and runs the CPU one."""
     import yaml  # a dependency of Jupyter's
 
+    def _dockerfile_instructions(path):
+        """(INSTRUCTION, arguments) of a Dockerfile, continuation lines joined, comments dropped."""
+        out, cur = [], ""
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith("#") or not line.strip():
+                continue
+            cur += line.rstrip()[:-1] + " " if line.rstrip().endswith("\\") else line
+            if not line.rstrip().endswith("\\"):
+                word, _, rest = cur.strip().partition(" ")
+                out.append((word.upper(), rest.strip()))
+                cur = ""
+        return out
+
     for name in ("Dockerfile.cpu", "Dockerfile.gpu"):
-        text = (ROOT / "docker" / name).read_text()
-        assert 'CMD ["make", "lab", "LAB_IP=0.0.0.0"]' in text, name
-        assert "--ip" not in text, f"{name}: the address is LAB_IP; a second --ip stops Jupyter"
+        ins = _dockerfile_instructions(ROOT / "docker" / name)
+        cmds = [a for i, a in ins if i == "CMD"]
+        # Exec form (make is PID 1, no shell); the address is LAB_IP: a second --ip stops Jupyter.
+        assert cmds == ['["make", "lab", "LAB_IP=0.0.0.0"]'], (name, cmds)
+        assert "--ip" not in (ROOT / "docker" / name).read_text(), name
+        # The CPU kernels of the default build (baseline + AVX2, chosen at load time) run on any
+        # x86-64 CPU; make docker-test checks the built image's.
+        assert "EMBEDLAB_CPU_ISA" not in (ROOT / "docker" / name).read_text().replace("EMBEDLAB_CPU_ISA=AUTO", ""), name
+        for i, a in ins:
+            if i == "RUN" and "apt-get update" in a:
+                assert "rm -rf /var/lib/apt/lists/*" in a, f"{name}: apt lists left in the layer of: {a}"
+        assert any(i == "RUN" and "make setup" in a for i, a in ins), name
+    # An ENV, so that `make lab` at start sees the build's options and rebuilds nothing.
+    assert "EMBEDLAB_CUDA=ON" in " ".join(a for i, a in _dockerfile_instructions(ROOT / "docker" / "Dockerfile.gpu")
+                                        if i == "ENV")
+    redis_ins = _dockerfile_instructions(ROOT / "docker" / "Dockerfile.redis")
+    assert any(i == "RUN" and "redis-server" in a and "rm -rf /var/lib/apt/lists/*" in a for i, a in redis_ins)
+    assert ("USER", "redis") in redis_ins
+
     services = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())["services"]
-    lab = services["lab"]
+    lab, redis = services["lab"], services["redis"]
+    assert "command" not in lab, "the lab service runs the image's own CMD (make lab)"
     assert lab["build"]["dockerfile"] == "docker/Dockerfile.cpu"
-    # The lab service runs the image's CMD (make lab), or make lab itself.
-    assert "command" not in lab or "make" in lab["command"] and "lab" in lab["command"], lab.get("command")
+    assert redis["build"]["dockerfile"] == "Dockerfile.redis"
     for name, service in services.items():  # published on the host's loopback only
         assert service.get("ports") and all(str(p).startswith("127.0.0.1:") for p in service["ports"]), name
     assert any(str(p).endswith(":8888") for p in lab["ports"])
+    assert lab["environment"]["EMBEDLAB_REDIS_ADDRESS"] == "redis:6379"
+    password = lab["environment"]["EMBEDLAB_REDIS_PASSWORD"]
+    assert password.startswith("${EMBEDLAB_REDIS_PASSWORD:?"), "no default password"
+    assert redis["command"][:3] == ["redis-server", "--requirepass", password]
+
     ignored = {line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert {".venv", "data/cache", "build", "helpers/build"} <= ignored
