@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -507,6 +508,8 @@ def main(argv=None):
     if args.screenshot.suffix.lower() != ".png":
         ap.error(f"--screenshot {args.screenshot} must end in .png")
 
+    # Stopped with SIGTERM (a CI timeout, ci/lab_test.sh's cleanup): unwind, so that Chromium is closed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server = Server(args.url, args.token)
     args.screenshot.unlink(missing_ok=True)  # never leave an older run's picture under this name
     work = Path(tempfile.mkdtemp(prefix="lab-browser-test-"))

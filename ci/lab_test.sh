@@ -32,15 +32,21 @@ before=$(lab_state)
 was_clean=0
 [ -z "$(git status --porcelain --untracked-files=all)" ] && was_clean=1
 
-lab_pid=""
+lab_pid="" browser_pid=""
 descendants() {  # every process below $1, deepest last
   local child
   for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$child"; descendants "$child"; done
 }
 cleanup() {
   local rc=$? pids=() p left=()
+  # Everything below the browser test (chromedriver, Chromium) and below make lab (Jupyter, its
+  # kernels, which run in sessions of their own), listed before anything is stopped.
+  for p in $browser_pid $lab_pid; do mapfile -t -O "${#pids[@]}" pids < <(descendants "$p"); done
+  if [ -n "$browser_pid" ]; then
+    kill -TERM "$browser_pid" 2>/dev/null || true  # it closes Chromium on TERM
+    wait "$browser_pid" 2>/dev/null || true
+  fi
   if [ -n "$lab_pid" ]; then
-    mapfile -t pids < <(descendants "$lab_pid")
     if kill -0 "$lab_pid" 2>/dev/null; then
       # SIGTERM: Jupyter shuts its kernels down and exits.
       kill -TERM -- "-$lab_pid" 2>/dev/null || true
@@ -48,11 +54,11 @@ cleanup() {
       kill -KILL -- "-$lab_pid" 2>/dev/null || true
     fi
     wait "$lab_pid" 2>/dev/null || true
-    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left+=("$p"); done
-    if [ ${#left[@]} -gt 0 ]; then
-      echo "lab_test: stopping processes the lab left running: ${left[*]}"
-      kill -KILL "${left[@]}" 2>/dev/null || true
-    fi
+  fi
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && left+=("$p"); done
+  if [ ${#left[@]} -gt 0 ]; then
+    echo "lab_test: stopping processes left running: ${left[*]}"
+    kill -KILL "${left[@]}" 2>/dev/null || true
   fi
   # Jupyter makes notebooks/.ipynb_checkpoints (git-ignored) when a notebook is opened.
   if [ "$checkpoints_existed" = 0 ] && [ -d notebooks/.ipynb_checkpoints ]; then rm -rf notebooks/.ipynb_checkpoints; fi
@@ -61,7 +67,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'echo "lab_test: interrupted"; exit 130' INT TERM
 
 echo "== make lab LAB_PORT=$port (EMBEDLAB_SCALE=ci), as $(id -un)"
 # A process group of its own (job control on for this one start), so that the whole of it
@@ -96,7 +102,13 @@ echo "   serving on http://127.0.0.1:$port/ after $(( $(date +%s) - t0 )) s (tok
 
 echo "== headless Chromium against the lab"
 t1=$(date +%s)
-"$PY" ci/lab_browser_test.py --url "http://127.0.0.1:$port/" --token "$token" --screenshot "$SCREENSHOT"
+# In the background and waited for, so that a TERM or INT to this script stops it at once (its
+# own handler closes Chromium).
+"$PY" ci/lab_browser_test.py --url "http://127.0.0.1:$port/" --token "$token" --screenshot "$SCREENSHOT" &
+browser_pid=$!
+wait "$browser_pid" && status=0 || status=$?
+browser_pid=""
+[ "$status" = 0 ] || exit "$status"
 echo "   browser test: $(( $(date +%s) - t1 )) s"
 
 after=$(lab_state)
