@@ -386,7 +386,10 @@ class Session:
             rows = [e.translate_train(sp[0], sp[1], batch) for e, sp in zip(self.embeddings, self._inputs(batch))]
             return {"gens": gens, "rows": rows}
         except KeyError_ as err:
-            return {"gens": gens, "error": err}
+            # Kept on the batch until train() raises it, so without its traceback: the reader
+            # thread's frames in it (whole file blocks among their locals) and the batch would
+            # form a reference cycle that only Python's cyclic collector frees, much later.
+            return {"gens": gens, "error": err.with_traceback(None)}
 
     def _inputs(self, batch):
         idx = {s.top: i for i, s in enumerate(self.spec.data.sparse)}
