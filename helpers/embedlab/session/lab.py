@@ -1,5 +1,6 @@
-"""Helpers of notebook 03 and the Session benchmark: the W&D data recipe, a memory probe, and
-the same Wide & Deep written by hand in Keras (native `Embedding`, TFRecord input, Keras Adam).
+"""Helpers of notebook 03 and the Session benchmark: the W&D data recipe, HugeCTR's training loop
+over (file list, keyset) pairs, memory probes, and the same Wide & Deep written by hand in Keras
+(native `Embedding`, TFRecord input, Keras Adam).
 
 None of this is needed to use the Session; it keeps the notebook to the story.
 """
@@ -12,11 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["rss_mb", "peak_rss_mb", "prepare_wdl_data", "WDL_SLOTS", "set_capacity", "keras_wdl",
-           "keras_wdl_dataset", "time_keras_fit", "time_session_train"]
+__all__ = ["rss_mb", "peak_rss_mb", "memory_mb", "prepare_wdl_data", "WDL_SLOTS", "WDL_TABLES", "set_capacity",
+           "train_passes", "keras_wdl", "keras_wdl_dataset", "time_keras_fit", "time_session_train"]
 
 # criteo2hugectr's W&D layout: the wide slot (the two crosses, 2 keys) first, then C1..C26.
 WDL_SLOTS = [["C1_C2", "C3_C4"]] + [f"C{i}" for i in range(1, 27)]
+# Which columns' keys each table of the W&D model holds: the wide embedding reads the wide slot,
+# the deep one the 26 deep slots.
+WDL_TABLES = {"wide": ["C1_C2", "C3_C4"], "deep": [f"C{i}" for i in range(1, 27)]}
 
 
 def rss_mb() -> float:
@@ -25,6 +29,64 @@ def rss_mb() -> float:
         pages = int(f.read().split()[1])
     import os
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+_MALLINFO2 = []
+
+
+def _mallinfo2():
+    """glibc's mallinfo2() (all arenas), or None where it does not exist."""
+    if not _MALLINFO2:
+        import ctypes
+
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+        try:
+            fn = ctypes.CDLL("libc.so.6").mallinfo2
+            fn.restype = Info
+        except (OSError, AttributeError):
+            fn = None
+        _MALLINFO2.append(fn)
+    return None if _MALLINFO2[0] is None else _MALLINFO2[0]()
+
+
+def memory_mb(mapped_under=None) -> dict:
+    """This process's resident memory, MiB, split as Linux accounts it (/proc/self/status).
+
+    Returns:
+        dict: `rss` (all resident pages), `anon` (heap, stacks, anonymous mappings: Python,
+        NumPy, TensorFlow's tensors and runtime), `file` (pages of mapped files: shared
+        libraries, memory-mapped data); with glibc, `malloc_in_use` (bytes in chunks that
+        malloc handed out and that are not freed yet, NumPy's and TensorFlow's buffers among
+        them) and `malloc_free` (freed chunks that malloc keeps in its arenas for reuse: resident
+        where they have been touched, until `malloc_trim` or reuse); and, with `mapped_under` (a
+        folder), `mapped`: the resident pages of the mappings of files under that folder (from
+        /proc/self/smaps), e.g. the Session's host store under `temp_embedding_dir`.
+    """
+    import os
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile"):
+                out[{"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}[key]] = int(value.split()[0]) / 1024
+    info = _mallinfo2()
+    if info is not None:
+        out["malloc_in_use"] = (info.uordblks + info.hblkhd) / 2**20
+        out["malloc_free"] = info.fordblks / 2**20
+    if mapped_under is not None:
+        root = os.path.realpath(mapped_under) + os.sep
+        kib, inside = 0, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):   # a mapping's first line
+                    inside = len(head) == 6 and head[5].strip().startswith(root)
+                elif inside and line.startswith("Rss:"):
+                    kib += int(line.split()[1])
+        out["mapped"] = kib / 1024
+    return out
 
 
 def peak_rss_mb() -> float:
@@ -47,7 +109,10 @@ def prepare_wdl_data(out_dir, rows: int, n_lists: int = 5, seed: int = 0, files_
 
     Returns:
         dict: lists, keysets, eval_list, parquet (train/val folders), slot_size_array, vocabulary
-        (total distinct ids), keys_per_list, rows.
+        (total distinct ids), keys_per_list (keys of each list's keyset, both tables together),
+        table_keys_per_list and table_vocabulary ({"wide", "deep"}: the same per table of the
+        W&D model, `WDL_TABLES`: what each table's working capacity and host store must hold),
+        rows.
     """
     from ..data import criteo, formats
     out = Path(out_dir)
@@ -55,7 +120,7 @@ def prepare_wdl_data(out_dir, rows: int, n_lists: int = 5, seed: int = 0, files_
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if (meta.get("rows") == rows and meta.get("n_lists") == n_lists
-                and meta.get("freq_threshold", 6) == freq_threshold):
+                and meta.get("freq_threshold", 6) == freq_threshold and "table_keys_per_list" in meta):
             return meta
     out.mkdir(parents=True, exist_ok=True)
     txt = criteo.generate(out / "day.txt", rows=rows, seed=seed, progress=progress)
@@ -69,29 +134,92 @@ def prepare_wdl_data(out_dir, rows: int, n_lists: int = 5, seed: int = 0, files_
                                  slots=WDL_SLOTS, progress=progress)
     keysets = [str(l.with_suffix(".keyset")) for l in lists]
     sizes = list(res.slot_size_array)
+    # A key is a global id: column j owns [offsets[j], offsets[j] + sizes[j]).
+    col_of = {c: j for j, c in enumerate(res.columns)}
+    ranges = {t: [(res.offsets[col_of[c]], res.offsets[col_of[c]] + sizes[col_of[c]]) for c in cols]
+              for t, cols in WDL_TABLES.items()}
+
+    def per_table(keys):
+        return {t: int(sum(np.count_nonzero((keys >= lo) & (keys < hi)) for lo, hi in r)) for t, r in ranges.items()}
+
+    in_lists = [per_table(formats.read_keyset(k).astype(np.int64)) for k in keysets]
     meta = {"rows": rows, "n_lists": n_lists, "freq_threshold": freq_threshold, "lists": [str(l) for l in lists], "keysets": keysets,
             "eval_list": str(ev[0]), "parquet": {"train": str(out / "parquet" / "train"),
                                                  "val": str(out / "parquet" / "val")},
             "slot_size_array": sizes, "columns": list(res.columns), "vocabulary": int(sum(sizes)),
             "keys_per_list": [int(len(formats.read_keyset(k))) for k in keysets],
+            "table_keys_per_list": {t: [n[t] for n in in_lists] for t in WDL_TABLES},
+            "table_vocabulary": {t: int(sum(hi - lo for lo, hi in r)) for t, r in ranges.items()},
             "split_rows": dict(res.rows), "samples_per_file": samples_per_file}
     meta_path.write_text(json.dumps(meta, indent=1))
     return meta
 
 
-def set_capacity(json_path, capacity: int, out_path=None, hidden: int | None = None) -> str:
-    """A copy of a W&D JSON with every embedding's `max_vocabulary_size_per_gpu` set to `capacity`
-    (and, optionally, the hidden layers' width). Returns the path written."""
+def set_capacity(json_path, capacity, out_path=None, hidden: int | None = None) -> str:
+    """A copy of a HugeCTR JSON with the embeddings' `max_vocabulary_size_per_gpu` set (and,
+    optionally, the hidden layers' width). Returns the path written.
+
+    Args:
+        capacity: one int for every embedding, or {embedding layer name: rows} naming each of
+            them (a name the file lacks, or an embedding left out, is an error).
+    """
     j = json.loads(Path(json_path).read_text())
+    embeddings = [l for l in j["layers"] if "max_vocabulary_size_per_gpu" in l.get("sparse_embedding_hparam", {})]
+    if isinstance(capacity, dict):
+        names = [l["name"] for l in embeddings]
+        if sorted(capacity) != sorted(names):
+            raise ValueError(f"set_capacity: capacity names {sorted(capacity)}, but {json_path} has the "
+                             f"embeddings {sorted(names)}")
+        rows = {n: capacity[n] for n in names}
+    else:
+        rows = {l["name"]: capacity for l in embeddings}
+    for n, r in rows.items():
+        if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or r < 1:
+            raise ValueError(f"set_capacity: the capacity of {n!r} must be an integer >= 1, got {r!r}")
+    for l in embeddings:
+        l["sparse_embedding_hparam"]["max_vocabulary_size_per_gpu"] = int(rows[l["name"]])
     for l in j["layers"]:
-        hp = l.get("sparse_embedding_hparam")
-        if hp is not None and "max_vocabulary_size_per_gpu" in hp:
-            hp["max_vocabulary_size_per_gpu"] = int(capacity)
         if hidden and l.get("fc_param", {}).get("num_output", 1) > 1:
             l["fc_param"]["num_output"] = int(hidden)
     out = Path(out_path or json_path)
     out.write_text(json.dumps(j, indent=2))
     return str(out)
+
+
+def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, history: list | None = None) -> int:
+    """HugeCTR's training loop (`wdl_from_scratch.py`, `wdl_from_stored.py`) on a Session built
+    with model oversubscription: for each (file list, keyset file) of `dataset`, point the
+    training reader at the list, `update` the model oversubscriber with the keyset, and `train()`
+    until the list is exhausted, evaluating on `eval_list` every `eval_every` iterations and
+    printing HugeCTR's log lines. Iterations are counted from `start`.
+
+    Args:
+        history: if given, one dict per evaluation is appended: iteration, loss (the training
+            loss of that iteration), auc, and `memory_mb` of the process with `mapped` taken
+            under the Session's host-store folder.
+
+    Returns:
+        int: the iteration count after the last list (pass it to `download_params_to_files`).
+    """
+    store_dir = sess.temp_embedding_dir or None
+    data_reader_train = sess.get_data_reader_train()
+    data_reader_eval = sess.get_data_reader_eval()
+    data_reader_eval.set_file_list_source(eval_list)
+    model_oversubscriber = sess.get_model_oversubscriber()
+    iteration = start
+    for file_list, keyset_file in dataset:
+        data_reader_train.set_file_list_source(file_list)
+        model_oversubscriber.update(keyset_file)
+        while sess.train():
+            if iteration % eval_every == 0:
+                metrics = sess.evaluation()
+                if history is not None:
+                    history.append({"iteration": iteration, "loss": sess.get_current_loss(), "auc": metrics[0][1],
+                                    **memory_mb(store_dir)})
+                print("[EMBEDLAB][INFO] iter: {}, metrics: {}".format(iteration, metrics))
+            iteration += 1
+        print("[EMBEDLAB][INFO] trained with data in {}".format(Path(file_list).name))
+    return iteration
 
 
 def keras_wdl(vocabulary: int, hidden: int = 1024, deep_dim: int = 16, dropout: float = 0.5, lr: float = 1e-3):
@@ -120,23 +248,37 @@ def keras_wdl(vocabulary: int, hidden: int = 1024, deep_dim: int = 16, dropout: 
     return model
 
 
-def keras_wdl_dataset(tfrecord, batch: int):
-    """`tf.data` over the TFRecord file (batch, `parse_example`, prefetch): the baseline input."""
+def keras_wdl_dataset(tfrecord, batch: int, rows: int | None = None):
+    """`tf.data` over the TFRecord file (batch, `parse_example`, prefetch): the baseline input.
+
+    With `rows` (the records in the file) the dataset knows its length, ceil(rows / batch)
+    batches, as Keras expects of an epoch (a dataset of unknown length makes `fit` and
+    `evaluate` warn that the input "ran out of data"); reading a different count is an error.
+    """
     from ..data import formats
     from ..data.criteo import CAT_COLUMNS, INT_COLUMNS
     cols = ([("label", "float")] + [(c, "float") for c in INT_COLUMNS]
             + [(c, "int") for c in CAT_COLUMNS + ["C1_C2", "C3_C4"]])
-    return formats.tfrecord_dataset(tfrecord, batch, columns=cols)
+    ds = formats.tfrecord_dataset(tfrecord, batch, columns=cols)
+    if rows is not None:
+        import tensorflow as tf
+        if isinstance(rows, bool) or not isinstance(rows, (int, np.integer)) or rows < 1:
+            raise ValueError(f"keras_wdl_dataset: rows must be an integer >= 1, got {rows!r}")
+        ds = ds.apply(tf.data.experimental.assert_cardinality(-(-int(rows) // int(batch))))
+    return ds
 
 
 def time_keras_fit(model, ds, warmup_steps: int = 2):
-    """(samples/s of one epoch of `model.fit` after a short warm-up fit that traces it, history)."""
-    model.fit(ds.take(warmup_steps), epochs=1, verbose=0)
+    """(samples/s of one epoch of `model.fit` after a short warm-up fit that traces it, history).
+
+    The dataset's order is used as it is (`shuffle=False`: Keras cannot shuffle a `tf.data`
+    dataset and warns when asked to)."""
+    model.fit(ds.take(warmup_steps), epochs=1, verbose=0, shuffle=False)
     n = 0
     for _, y in ds:
         n += int(y.shape[0])
     t = time.perf_counter()
-    h = model.fit(ds, epochs=1, verbose=0)
+    h = model.fit(ds, epochs=1, verbose=0, shuffle=False)
     return n / (time.perf_counter() - t), h
 
 
