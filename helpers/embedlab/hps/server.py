@@ -37,12 +37,16 @@ class _TierStats:
     down_since: float | None = None
     outage_start: float = 0.0
     outages: int = 0
+    last_error: str | None = None
+    retry_after: float = 0.0
 
     def as_dict(self):
+        down = self.down_since is not None
         return {"hits": self.hits, "misses": self.misses, "errors": self.errors, "calls": self.calls,
                 "latency_ms_mean": 1e3 * self.seconds / self.calls if self.calls else 0.0,
                 "seconds": self.seconds, "inserted": self.inserted, "outages": self.outages,
-                "available": self.down_since is None}
+                "available": not down, "last_error": self.last_error,
+                "down_seconds": time.monotonic() - self.outage_start if down else 0.0}
 
 
 @dataclass
@@ -78,9 +82,11 @@ class ParameterServer:
     (unless ``read_only``), the volatile DB the first ``initial_cache_rate`` of them, a static
     cache as many as fit. Keys found nowhere get the default value and are counted.
 
-    A tier that fails at run time (Redis killed) is logged once, counted in ``stats()``, and
-    skipped: lookups go on from the tiers that remain. It is retried after ``retry_seconds`` and
-    logged again when it is back; rows updated while it was down are erased from it before it
+    A tier that fails at run time (Redis killed, hung, restarted with another password) is logged
+    once, counted in ``stats()`` with the cause (``last_error``), and skipped: lookups go on from
+    the tiers that remain. It is tried again after ``retry_seconds``, then after twice as long
+    each time it is still down (up to ``max_retry_seconds``: a hung Redis costs the lookup that
+    tries it a socket timeout), and logged again when it is back; rows updated while it was down are erased from it before it
     serves again (it may still hold their old values), and background cache insertions queued
     before an ``update`` / ``refresh`` are dropped, so no lookup returns a row older than the
     last update. A tier that cannot be set up at start-up (an unreadable RocksDB
@@ -88,17 +94,26 @@ class ParameterServer:
 
     Args:
         ps_config: the HPS JSON file, a dict with its content, or an :class:`HPSConfig`.
-        retry_seconds: how long a failed tier is skipped before it is tried again.
+        retry_seconds: how long a failed tier is skipped before it is tried again (0: every
+            lookup tries it).
+        max_retry_seconds: the longest it is skipped while an outage lasts.
 
     Example:
         >>> ps = ParameterServer("hps.json")                    # doctest: +SKIP
         >>> vectors = ps.lookup("demo", 0, np.array([1, 5, 7]))  # doctest: +SKIP
     """
 
-    def __init__(self, ps_config, retry_seconds: float = 0.5):
+    def __init__(self, ps_config, retry_seconds: float = 0.5, max_retry_seconds: float = 8.0):
+        for name, v in (("retry_seconds", retry_seconds), ("max_retry_seconds", max_retry_seconds)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"ParameterServer: {name} must be a number >= 0, got {v!r}")
+        if max_retry_seconds < retry_seconds:
+            raise ValueError(f"ParameterServer: max_retry_seconds ({max_retry_seconds}) must be >= retry_seconds "
+                             f"({retry_seconds})")
         self.config: HPSConfig = load_config(ps_config)
         self.report = list(self.config.report)
-        self.retry_seconds = retry_seconds
+        self.retry_seconds = float(retry_seconds)
+        self.max_retry_seconds = float(max_retry_seconds)
         self._lock = threading.RLock()
         self._tables: dict[tuple[str, int], _Table] = {}
         self._stats = {"cache": _TierStats(), "volatile": _TierStats(), "persistent": _TierStats()}
@@ -213,7 +228,7 @@ class ParameterServer:
     def _guard(self, tier, which: str, fn, fallback=None):
         """Runs fn on a tier; on TierUnavailable logs once, counts, marks it down and returns fallback."""
         st = self._stats[which]
-        if st.down_since is not None and time.monotonic() - st.down_since < self.retry_seconds:
+        if st.down_since is not None and time.monotonic() - st.down_since < st.retry_after:
             st.errors += 1
             return fallback
         try:
@@ -227,11 +242,17 @@ class ParameterServer:
             out = fn()
         except TierUnavailable as e:
             st.errors += 1
+            st.last_error = str(e)
             if st.down_since is None:
                 st.outages += 1
                 st.outage_start = time.monotonic()
+                st.retry_after = self.retry_seconds
                 log.warning("HPS %s tier (%s) unavailable, lookups go on without it: %s", which,
                             getattr(tier, "kind", which), e)
+            else:
+                # Still down: wait twice as long before the next try (a hung Redis costs the
+                # lookup that tries it a socket timeout).
+                st.retry_after = min(2 * st.retry_after, self.max_retry_seconds)
             st.down_since = time.monotonic()
             return fallback
         if st.down_since is not None:
@@ -408,7 +429,9 @@ class ParameterServer:
                 "cache_capacity": tab.cache_capacity}
 
     def stats(self) -> dict:
-        """Per-tier hits, misses, errors, calls, mean latency, inserts and availability, plus per-table
+        """Per-tier hits, misses, errors, calls, mean latency, inserts and availability (``available``,
+        ``outages``, ``down_seconds`` of the current outage, ``last_error``: the cause of the last
+        failure, such as ``Redis at ...: TimeoutError: Timeout reading from socket``), plus per-table
         counts (lookups, keys, defaults returned, sync/async cache inserts) and the config report."""
         with self._lock:
             tiers = {k: v.as_dict() for k, v in self._stats.items()}

@@ -24,7 +24,8 @@ import numpy as np
 
 log = logging.getLogger("embedlab.hps")
 
-__all__ = ["TierUnavailable", "TierError", "CacheTier", "HashMapTier", "RedisTier", "RocksDBTier"]
+__all__ = ["TierUnavailable", "TierError", "CacheTier", "HashMapTier", "RedisTier", "RocksDBTier",
+           "redis_unavailable_errors"]
 
 
 class TierUnavailable(RuntimeError):
@@ -161,6 +162,31 @@ class HashMapTier:
 
 # ---- Redis -----------------------------------------------------------------------------------
 
+def redis_unavailable_errors() -> tuple:
+    """The exception types of redis-py (8.x) that mean the Redis tier cannot serve now.
+
+    * ``ConnectionError``: refused, reset or closed connections, and its subclasses
+      ``AuthenticationError`` / ``AuthorizationError`` (a node restarted with another password or
+      ACL), ``BusyLoadingError`` (a node loading its data), ``MaxConnectionsError``;
+    * ``TimeoutError``: no reply within ``socket_timeout`` (a hung node), or no connection within
+      ``socket_connect_timeout``;
+    * ``ClusterError``, with ``ClusterDownError`` / ``MasterDownError`` (CLUSTERDOWN and
+      MASTERDOWN replies; the client's redirection budget spent), ``TryAgainError`` (a slot in
+      migration), ``AskError`` / ``MovedError`` (slots changing owner, still after the slot map
+      was re-read), ``ReadOnlyError`` (a write reaching a replica during a fail-over),
+      ``NoPermissionError`` (the user's ACL no longer allows the command);
+    * ``SlotNotCoveredError`` (a ``RedisClusterException``, which derives from ``Exception``,
+      not ``RedisError``);
+    * ``OSError``: socket errors that reach the caller unwrapped.
+
+    ``RedisClusterException`` itself (its exact class) means unavailable too, but it cannot be
+    listed here, since its other subclasses are misuse: see :meth:`RedisTier._run`.
+    """
+    import redis.exceptions as E
+    return (E.ConnectionError, E.TimeoutError, E.ClusterError, E.TryAgainError, E.AskError, E.ReadOnlyError,
+            E.NoPermissionError, E.SlotNotCoveredError, OSError)
+
+
 class RedisTier:
     """``redis_cluster``: rows in a real Redis (one node or a cluster), through the official client.
 
@@ -171,8 +197,22 @@ class RedisTier:
     not one per key. A value of the wrong length is treated as a miss and counted in
     ``bad_values`` (logged once per table); it is never returned as a vector.
 
-    A connection failure raises :class:`TierUnavailable`; the client reconnects by itself on the
-    next call once Redis is back.
+    In a cluster, a call's commands are grouped by the node that owns their hash's slot (the
+    client's slot map) and sent as one non-transactional pipeline per node, one node after the
+    other. (redis-py's ``ClusterPipeline`` re-sends each command that failed one by one, so a
+    node that accepts connections but never answers cost one ``socket_timeout`` per command
+    queued for it: 8 s for one lookup at 2 s and 3 commands.) A MOVED or ASK reply (slots
+    moving) re-reads the slot map and sends the call once more.
+
+    Every error of redis-py that means "Redis cannot serve this now" raises
+    :class:`TierUnavailable` (see :func:`redis_unavailable_errors`): refused or reset
+    connections, a reply not received within ``socket_timeout`` (a hung node), a failed
+    authentication after a restart, a cluster that is down, has a slot without a node, or whose
+    nodes cannot be reached at all. The clients do not retry (``Retry(NoBackoff(), 0)``): the
+    :class:`ParameterServer` skips the tier and tries it again later, so a lookup waits for a
+    hung Redis about one ``socket_timeout`` (1 s by default; a healthy node answers a pipeline of
+    ``max_batch_size`` keys in milliseconds). After a failure the next call first re-reads the
+    cluster's slot map, asking the node that failed last.
 
     Replies are parsed by ``hiredis`` (pinned next to ``redis``; the client uses it when installed):
     with redis-py's pure-Python parser a 2,048-key lookup took about twice as long. Rows are
@@ -181,7 +221,7 @@ class RedisTier:
     name = "volatile"
     kind = "redis_cluster"
 
-    def __init__(self, cfg, socket_timeout: float = 2.0):
+    def __init__(self, cfg, socket_timeout: float = 1.0):
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
@@ -192,6 +232,8 @@ class RedisTier:
         self.bad_values = 0
         self._bad_logged: set[str] = set()
         addrs = cfg.addresses
+        self._unavailable = redis_unavailable_errors()
+        self.socket_timeout = float(socket_timeout)
         common = dict(password=cfg.password or None,
                       username=(cfg.user_name if cfg.user_name and cfg.user_name != "default" else None),
                       socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, 1.0),
@@ -202,19 +244,19 @@ class RedisTier:
             if cluster:
                 probe.close()
                 from redis.cluster import ClusterNode, RedisCluster
-                self._client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in addrs],
-                                            password=common["password"], username=common["username"],
-                                            socket_timeout=socket_timeout,
-                                            socket_connect_timeout=common["socket_connect_timeout"])
+                # No retries: the cluster client's own default retries a failed command 10 times
+                # with back-off, each try waiting up to socket_timeout.
+                self._client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in addrs], **common)
             else:
                 self._client = probe
             self.cluster = cluster
+            self._refresh_after: str | None = None     # the node that failed last, when one did
         except redis.AuthenticationError as e:
             raise TierError(f"HPS volatile_db redis_cluster at {cfg.address}: authentication failed "
                             f"(volatile_db.user_name / password): {e}") from e
-        except redis.RedisError as e:
+        except (redis.RedisError, redis.exceptions.RedisClusterException, *self._unavailable) as e:
             raise TierError(f"HPS volatile_db redis_cluster: cannot reach Redis at {cfg.address} "
-                            f"(volatile_db.address): {e}") from e
+                            f"(volatile_db.address): {type(e).__name__}: {e}") from e
 
     def _hkey(self, table: str, p: int) -> str:
         return f"{table}/p{p}"
@@ -230,18 +272,65 @@ class RedisTier:
         return order, bounds
 
     def _pipeline(self):
-        return self._client.pipeline(transaction=False)
+        return _NodePipelines(self) if self.cluster else self._client.pipeline(transaction=False)
+
+    def _execute_cluster(self, cmds: list) -> list:
+        """Runs (command, args, kwargs) triples: one pipeline per node, replies in command order."""
+        c = self._client
+        try:
+            if self._refresh_after is not None:      # the last call failed: re-read the slot map
+                c.nodes_manager.initialize(last_failed_node_name=self._refresh_after or None)
+                self._refresh_after = None
+            try:
+                return self._send_by_node(cmds)
+            except self._redis.exceptions.AskError:  # MOVED too: slots changed owner
+                c.nodes_manager.initialize()
+                return self._send_by_node(cmds)
+        except BaseException:
+            if self._refresh_after is None:
+                self._refresh_after = ""
+            raise
+
+    def _send_by_node(self, cmds: list) -> list:
+        c = self._client
+        groups: dict[str, tuple] = {}
+        for i, (_, args, _) in enumerate(cmds):
+            node = c.get_node_from_key(args[0])
+            groups.setdefault(node.name, (node, []))[1].append(i)
+        out = [None] * len(cmds)
+        for node, idx in groups.values():
+            try:
+                pipe = c.get_redis_connection(node).pipeline(transaction=False)
+                for i in idx:
+                    name, args, kwargs = cmds[i]
+                    getattr(pipe, name)(*args, **kwargs)
+                for i, reply in zip(idx, pipe.execute()):
+                    out[i] = reply
+            except self._unavailable:
+                self._refresh_after = node.name
+                raise
+        return out
+
+    def _unavailable_error(self, e) -> TierUnavailable:
+        kind = type(e).__name__
+        if e.__cause__ is not None:           # e.g. RedisClusterException from an AuthenticationError
+            kind += f" ({type(e.__cause__).__name__})"
+        return TierUnavailable(f"Redis at {self._cfg.address}: {kind}: {e}")
 
     def _run(self, fn):
         try:
             return fn()
-        except (self._redis.ConnectionError, self._redis.TimeoutError, OSError) as e:
-            raise TierUnavailable(f"Redis at {self._cfg.address}: {e}") from e
-        except self._redis.RedisError as e:
-            # Cluster errors while nodes are down surface as other RedisError subclasses.
-            if "connect" in str(e).lower() or "cluster" in str(e).lower() or "slot" in str(e).lower():
-                raise TierUnavailable(f"Redis at {self._cfg.address}: {e}") from e
-            raise
+        except self._unavailable as e:
+            raise self._unavailable_error(e) from e
+        except self._redis.exceptions.RedisClusterException as e:
+            # The class itself is raised by the cluster client's topology refresh: "Redis Cluster
+            # cannot be connected" when no node answers, slot maps that disagree or leave slots
+            # uncovered, a node gone from the cluster; otherwise only by calls this tier never
+            # makes (commands blocked or not implemented in cluster mode). Its subclasses
+            # CrossSlotTransactionError and InvalidPipelineStack are misuse and propagate.
+            if type(e) is not self._redis.exceptions.RedisClusterException:
+                raise
+            raise self._unavailable_error(e) from e
 
     def find(self, table, keys, out):
         dim = self._dims[table]
@@ -345,6 +434,37 @@ class RedisTier:
             self._client.close()
         except Exception:  # closing a client whose server is gone
             pass
+
+
+class _NodePipelines:
+    """The pipeline interface RedisTier uses (hmget, hset, hdel, hlen, delete, execute) over a
+    cluster: commands are recorded and executed by RedisTier._execute_cluster."""
+
+    def __init__(self, tier: RedisTier):
+        self._tier = tier
+        self._cmds: list = []
+
+    def _add(self, name, *args, **kwargs):
+        self._cmds.append((name, args, kwargs))
+        return self
+
+    def hmget(self, key, fields):
+        return self._add("hmget", key, fields)
+
+    def hset(self, key, mapping):
+        return self._add("hset", key, mapping=mapping)
+
+    def hdel(self, key, *fields):
+        return self._add("hdel", key, *fields)
+
+    def hlen(self, key):
+        return self._add("hlen", key)
+
+    def delete(self, key):
+        return self._add("delete", key)
+
+    def execute(self) -> list:
+        return self._tier._execute_cluster(self._cmds) if self._cmds else []
 
 
 # ---- RocksDB ---------------------------------------------------------------------------------

@@ -65,3 +65,96 @@ def redis_cluster():
     c = start_redis_cluster(3)
     yield c
     c.stop()
+
+
+# ---- Redis outages under lookups ---------------------------------------------------------------
+
+def wait_for(pred, timeout: float, what: str, step: float = 0.05):
+    """Polls pred() until it is true; fails the test naming `what` after `timeout` seconds."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(step)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+def cluster_ok(nodes) -> bool:
+    return all("cluster_state:ok" in n.cli("cluster", "info", check=False) for n in nodes if n.running)
+
+
+class OneNodeCluster:
+    """A Redis cluster of one master (cluster mode, every slot assigned to it); ``redis-cli
+    --cluster create`` needs three, so the slots are added by hand. Same interface as
+    :class:`embedlab.hps.redis.RedisCluster` (nodes, address, password, start, stop)."""
+
+    def __init__(self):
+        from embedlab.hps.redis import RedisServer
+        self.nodes = [RedisServer(cluster=True)]
+        self.password = self.nodes[0].password
+
+    @property
+    def address(self) -> str:
+        return self.nodes[0].address
+
+    def start(self):
+        n = self.nodes[0].start()
+        n.cli("cluster", "addslotsrange", "0", "16383")
+        wait_for(lambda: cluster_ok(self.nodes), 20, "the one-node cluster to reach cluster_state:ok")
+        return self
+
+    def stop(self):
+        self.nodes[0].stop()
+
+
+class LookupLoad:
+    """Threads that look up random keys (present with duplicates, and absent ones) through a
+    ParameterServer without pause and check every answer against the table's oracle. Records
+    wrong answers, exceptions, and each lookup's duration."""
+
+    def __init__(self, ps, tab, model: str, threads: int = 2, keys=None, default: float = 0.0):
+        import threading
+        self.ps, self.tab, self.model, self.default = ps, tab, model, default
+        self.keys = tab.keys if keys is None else keys
+        self.errors: list[str] = []
+        self.durations: list[float] = []
+        self.count = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def _run(self, i):
+        import time
+        rng = np.random.default_rng()
+        while not self._stop.is_set():
+            q = np.concatenate([self.keys[rng.integers(0, len(self.keys), int(rng.integers(1, 400)))],
+                                self.tab.absent_keys(2)])
+            t0 = time.monotonic()
+            try:
+                got = self.ps.lookup(self.model, 0, q)
+                ok = np.array_equal(got, self.tab.expect(q, self.default))
+                err = None if ok else f"wrong rows for {len(q)} keys"
+            except Exception as e:  # noqa: BLE001 (the test reports it)
+                err = f"{type(e).__module__}.{type(e).__name__}: {e}"
+            with self._lock:
+                self.durations.append(time.monotonic() - t0)
+                self.count += 1
+                if err:
+                    self.errors.append(err)
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in self._threads), "a lookup thread hangs"
+
+    def wait_lookups(self, n: int, timeout: float = 30):
+        """Waits until n more lookups have completed."""
+        start = self.count
+        wait_for(lambda: self.count >= start + n, timeout, f"{n} more lookups")
