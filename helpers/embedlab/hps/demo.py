@@ -33,6 +33,7 @@ __all__ = ["zipf_stream", "hit_rate_vs_cache_size", "top_k_hit_rate", "StreamRun
            "tier_stacks", "redis_outage", "slow_lookups", "tier_split", "captured_log", "TIERS"]
 
 TIERS = ("cache", "volatile", "persistent")
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)   # the calling thread (Linux)
 
 
 def zipf_stream(keys: np.ndarray, n_batches: int, batch: int, alpha: float = 1.05, seed: int = 0) -> list:
@@ -128,8 +129,8 @@ class StreamRun:
     """One stream through one tier stack, per lookup.
 
     ``latency_ms``: wall time; ``cpu_ms``: CPU time of this process over the lookup (every
-    thread); ``preempted``: involuntary context switches of this process during it (another
-    process took the core); ``tier_ms`` / ``tier_keys`` / ``tier_inserted``: per tier
+    thread); ``preempted``: involuntary context switches of the calling thread during it (it
+    was ready to run and another thread or process took the core); ``tier_ms`` / ``tier_keys`` / ``tier_inserted``: per tier
     (``cache``, ``volatile``, ``persistent``), the time its finds took, the keys it was asked
     for and the rows written into it; ``exact``: the answer equals the sparse files' rows;
     ``events``: batch index -> what happened before it; ``log``: the server's log messages.
@@ -165,11 +166,11 @@ class _Recorder:
 
     def lookup(self, b) -> None:
         run = self.run
-        r0 = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+        r0 = resource.getrusage(_RUSAGE_THREAD).ru_nivcsw
         c0, t0 = time.process_time(), time.perf_counter()
         got = self.ps.lookup(self.model, 0, b)
         t1, c1 = time.perf_counter(), time.process_time()
-        r1 = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+        r1 = resource.getrusage(_RUSAGE_THREAD).ru_nivcsw
         run.latency_ms.append(1e3 * (t1 - t0))
         run.cpu_ms.append(1e3 * (c1 - c0))
         run.preempted.append(r1 - r0)
