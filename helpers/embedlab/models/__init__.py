@@ -5,11 +5,11 @@
 - `FusedEmbedding`: one table per categorical column, all looked up by one EmbedLab op.
 - `criteo_inputs` / `load_criteo_parquet`: preprocessed Criteo columns -> the model's inputs.
 - `train_steps`: a timed step-by-step training loop (per-batch losses, examples/s);
-  `sparse_update_ms`: the time of one optimizer step on an embedding table.
+  `sparse_update_step` / `sparse_update_ms`: one optimizer step on an embedding table, to time.
 """
 from .deepfm import DeepFM, NativeSlotEmbedding, criteo_inputs, load_criteo_parquet
 from .embeddings import FusedEmbedding
-from .training import sparse_update_ms, train_steps
+from .training import sparse_update_ms, sparse_update_step, train_steps
 
 __all__ = ["DeepFM", "FusedEmbedding", "NativeSlotEmbedding", "criteo_inputs", "load_criteo_parquet",
-           "sparse_update_ms", "train_steps"]
+           "sparse_update_ms", "sparse_update_step", "train_steps"]

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["sparse_update_ms", "train_steps"]
+__all__ = ["sparse_update_ms", "sparse_update_step", "train_steps"]
 
 
 def train_steps(model, x: dict, y: np.ndarray, batch_size: int, steps: int, warmup: int = 2, seed: int = 0):
@@ -53,22 +53,33 @@ def train_steps(model, x: dict, y: np.ndarray, batch_size: int, steps: int, warm
             "examples_per_second": batch_size / float(np.median(timed))}
 
 
-def sparse_update_ms(make_optimizer, rows: int, dim: int, touched: int, repeats: int = 5, seed: int = 0) -> float:
-    """Median milliseconds of one optimizer step on a `[rows, dim]` table, from a batch's gradient.
+WARMUP_STEPS = 4
 
-    The gradient is an `IndexedSlices` of `touched` random rows (what a lookup's backward gives);
-    the step is `optimizer.apply_gradients` inside a `tf.function`, warmed up first. An optimizer
-    that treats the table as dense (Keras' Adam decays the moments of every row) costs time in
-    proportion to `rows`; a sparse one (EmbedLab's lazy Adam) in proportion to `touched`.
+
+def sparse_update_step(make_optimizer, rows: int, dim: int, touched: int, seed: int = 0):
+    """One optimizer step on a `[rows, dim]` table from a batch's gradient, as a callable to time.
+
+    The gradient is an `IndexedSlices` of `touched` distinct random rows (what a lookup's backward
+    gives); the step is `optimizer.apply_gradients` inside a `tf.function`, traced and run
+    `WARMUP_STEPS` times here. An optimizer that treats the table as dense (Keras' Adam decays the moments of every
+    row) costs time in proportion to `rows`; a sparse one (EmbedLab's lazy Adam) in proportion to
+    `touched`. Each call applies one more step to the same table.
 
     Args:
         make_optimizer: a callable returning a fresh optimizer.
-        rows, dim: table shape. touched: gradient rows per step.
-        repeats: timed steps (median).
+        rows, dim: table shape. touched: gradient rows per step (at most `rows`).
+
+    Returns:
+        A callable without arguments running one step; it returns the optimizer's step counter
+        (a tensor: reading it waits for the step). Time several with `embedlab.timing.interleaved_ms`.
+        Its `table` and `touched_rows` attributes are the variable and the gradient's rows.
 
     Example:
-        >>> sparse_update_ms(lambda: keras.optimizers.Adam(1e-3), 100_000, 16, 4096)   # doctest: +SKIP
+        >>> step = sparse_update_step(lambda: keras.optimizers.Adam(1e-3), 100_000, 16, 4096)  # doctest: +SKIP
+        >>> interleaved_ms({"keras": step}, repeats=15)                                        # doctest: +SKIP
     """
+    if not 0 < touched <= rows:
+        raise ValueError(f"sparse_update_step: touched must be in [1, rows={rows}], got {touched}")
     rng = np.random.default_rng(seed)
     table = tf.Variable(rng.uniform(-0.05, 0.05, (rows, dim)).astype(np.float32))
     grad = tf.IndexedSlices(tf.constant(rng.standard_normal((touched, dim)).astype(np.float32)),
@@ -84,10 +95,23 @@ def sparse_update_ms(make_optimizer, rows: int, dim: int, touched: int, repeats:
         # every plain read, which would be timed too.
         return tf.identity(opt.iterations)
 
-    step().numpy()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
+    # Warm-up: the first call traces; three more warm the caches, and keep TensorFlow's retracing
+    # warning quiet when several steps are built in a row (each is a new tf.function of the same
+    # Python code: it warns when 5 of the last 10 calls of that code traced).
+    for _ in range(WARMUP_STEPS):
         step().numpy()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    step.table, step.touched_rows = table, grad.indices      # for inspection
+    return step
+
+
+def sparse_update_ms(make_optimizer, rows: int, dim: int, touched: int, repeats: int = 5, seed: int = 0) -> float:
+    """Median milliseconds of one optimizer step on a `[rows, dim]` table (`sparse_update_step`),
+    over `repeats` steps after the traced one. To compare optimizers or sizes, build their steps
+    with `sparse_update_step` and time them in turn with `embedlab.timing.interleaved_ms`.
+
+    Example:
+        >>> sparse_update_ms(lambda: keras.optimizers.Adam(1e-3), 100_000, 16, 4096)   # doctest: +SKIP
+    """
+    from ..timing import interleaved_ms
+    return interleaved_ms({"step": sparse_update_step(make_optimizer, rows, dim, touched, seed)},
+                          repeats=repeats, warmup=0)["step"]
