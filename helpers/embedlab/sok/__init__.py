@@ -9,20 +9,44 @@ The recommended API: `init`, `Variable`, `DynamicVariable`, `lookup_sparse`,
 The first-generation API (SOK's getting-started guide): `Init`, `DistributedEmbedding`,
 `All2AllDenseEmbedding`, `split_embedding_variable_from_others`, `OptimizerScope`, `Saver`.
 Start N local workers with `python -m embedlab.sok.launch -n N script.py`.
+
+Names are loaded on first use: `import embedlab.sok` alone does not import TensorFlow, so the
+launcher (`embedlab.sok.launch`, which needs none) starts in a fraction of a second; the first
+`sok.<name>` imports TensorFlow (through `embedlab.import_tensorflow`, without its banner).
 """
 from __future__ import annotations
 
-from ._context import context, init, num_workers, rank
-from . import exchange
-from .dump import assign, dump, export, gather, load
-from .dynamic import DynamicVariable
-from .legacy import (All2AllDenseEmbedding, DistributedEmbedding, Init, OptimizerScope, Saver,
-                     split_embedding_variable_from_others)
-from .lookup import all2all_dense_embedding, lookup_sparse
-from .optimizer import OptimizerWrapper
-from .variable import Variable
+import importlib as _importlib
+
+# public name -> the submodule that defines it
+_NAMES = {
+    "context": "_context", "init": "_context", "num_workers": "_context", "rank": "_context",
+    "assign": "checkpoint", "dump": "checkpoint", "export": "checkpoint", "gather": "checkpoint", "load": "checkpoint",
+    "DynamicVariable": "dynamic",
+    "All2AllDenseEmbedding": "legacy", "DistributedEmbedding": "legacy", "Init": "legacy", "OptimizerScope": "legacy",
+    "Saver": "legacy", "split_embedding_variable_from_others": "legacy",
+    "all2all_dense_embedding": "lookup", "lookup_sparse": "lookup",
+    "OptimizerWrapper": "optimizer",
+    "Variable": "variable",
+}
 
 __all__ = ["init", "context", "rank", "num_workers", "Variable", "DynamicVariable", "lookup_sparse",
            "all2all_dense_embedding", "OptimizerWrapper", "dump", "load", "export", "assign", "gather", "exchange",
            "Init", "DistributedEmbedding", "All2AllDenseEmbedding", "split_embedding_variable_from_others",
            "OptimizerScope", "Saver"]
+
+
+def __getattr__(name):
+    if name not in _NAMES and name != "exchange":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .._tfstart import import_tensorflow
+    import_tensorflow()                  # once: TensorFlow without its start-up banner
+    if name == "exchange":
+        return _importlib.import_module(f"{__name__}.exchange")
+    value = getattr(_importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
+    globals()[name] = value              # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

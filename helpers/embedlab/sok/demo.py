@@ -8,13 +8,13 @@ vocab), plus 13 dense features. DeepFM: a first-order term (a dim-1 table per sl
 layer over the dense features), the factorization-machine interaction of the slots' vectors,
 and an MLP over the vectors and dense features. Tables are initialised from one seed as whole
 tables and sharded, and every worker trains on its slice of the same global batch, so 1 and N
-workers follow the same loss curve (up to float rounding).
+workers follow the same loss curve; one worker with `splits=2` and two workers perform the same
+float operations in the same order and train to the same bits (`train`, `assert_same_training`).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
 
@@ -66,133 +66,248 @@ def build(vocab, dim, seed, hidden=(64, 32)):
     return tables, linear, layers, dense_linear, dense_opt, emb_opt
 
 
-def _ids(tf, cats_slice, vocab):
-    keys = tf.constant(cats_slice % vocab)
-    return [tf.RaggedTensor.from_tensor(keys[:, s:s + 1]) for s in range(SLOTS)]
+def _ids(tf, keys):
+    """keys [b, 26] int64 -> one ragged [b, 1] id tensor per slot (built inside the step's graph:
+    26 eager RaggedTensor constructions per step cost more than the step's dense part)."""
+    splits = tf.range(tf.shape(keys, out_type=tf.int64)[0] + 1)
+    return [tf.RaggedTensor.from_row_splits(keys[:, s], splits, validate=False) for s in range(SLOTS)]
 
 
-def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump_dir=None, profile=False):
+def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump_dir=None, profile=False,
+          splits=1, table_out=None):
     """Trains DeepFM; returns (and, on rank 0, writes to `out` as JSON) the per-step global losses
-    and, with `profile`, a step-time breakdown (ms): lookup kernels, exchange, dense, update."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-    from . import dump, init, lookup_sparse
+    and, with `profile`, a step-time breakdown (ms).
+
+    Args:
+        data: a Criteo TSV path, or the (cats, dense, labels) arrays of `load_criteo`.
+        steps, global_batch: optimizer steps and the global batch (split evenly over workers).
+        splits: the dense part of a step (FM, MLP, loss and their gradients) runs on this many
+            equal slices of this worker's batch, and their gradients are added. One worker with
+            `splits=2` adds the same two partial gradients, in the same order, that the
+            all-reduce of a 2-worker job adds (a + b: two terms have one sum), and the lookups'
+            gradients add every row's contributions in batch order either way; so it trains to
+            the same bits as 2 workers (see `assert_same_training`). Past 2 workers the
+            all-reduce adds in an order of its own, and the runs agree only up to rounding.
+        out: JSON written by rank 0 (losses, step time, breakdown).
+        dump_dir: `sok.dump` of the first two tables and their Adagrad state here, after training.
+        table_out: rank 0 saves the whole first table after training here (`.npy`).
+
+    Returns:
+        {"workers", "global_batch", "steps", "splits", "losses", "step_ms" (median of the steps
+        after the first two), "input_ms" (making a batch's tensors, outside the step)[,
+        "breakdown_ms"], "table0", "table0_slots"}: table0 is the whole first table after
+        training and table0_slots its Adagrad state ({slot name: array}), on every worker.
+    """
+    from .._tfstart import import_tensorflow
+    tf = import_tensorflow()
+    from . import dump, gather, init, lookup_sparse
     from .. import ops
 
     ctx = init()
     n, rank = ctx.world_size, ctx.rank
     if global_batch % n:
-        raise ValueError(f"global batch {global_batch} is not divisible by {n} workers")
+        raise ValueError(f"embedlab.sok.demo.train: global batch {global_batch} is not divisible by {n} workers")
     local = global_batch // n
+    if splits < 1 or local % splits:
+        raise ValueError(f"embedlab.sok.demo.train: splits={splits} must be >= 1 and divide the local batch {local}")
     cats, dense, labels = data if isinstance(data, tuple) else load_criteo(data)
+    if len(cats) < global_batch:
+        raise ValueError(f"embedlab.sok.demo.train: {len(cats)} rows are fewer than one global batch ({global_batch})")
     tables, linear, layers, dense_linear, dense_opt, emb_opt = build(vocab, dim, seed)
     sparse_vars = tables + linear
+    dvars = [w for l in layers + [dense_linear] for w in l.trainable_variables]
     strategy = ctx.strategy
 
-    def forward(ids, x_dense):
-        embs = lookup_sparse(tables, ids, combiners="sum")
-        firsts = lookup_sparse(linear, ids, combiners="sum")
-        v = tf.stack(embs, 1)                                            # [B, 26, dim]
-        fm = 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(v, 1)) - tf.reduce_sum(tf.square(v), 1), 1, keepdims=True)
-        h = tf.concat([tf.reshape(v, [-1, SLOTS * dim]), x_dense], 1)
-        for l in layers:
-            h = l(h)
-        return h + fm + tf.add_n(firsts) + dense_linear(x_dense)
+    def head_loss(embs, firsts, x_dense, y):
+        """The dense part on this worker's batch, slice by slice: sum of the slices' losses
+        (each already divided by the global batch)."""
+        def cut(t):
+            return tf.split(t, splits, axis=0) if splits > 1 else [t]
+        e_s = list(zip(*[cut(e) for e in embs]))           # [slice][table]
+        f_s = list(zip(*[cut(f) for f in firsts]))
+        losses = []
+        for e, f, x, yy in zip(e_s, f_s, cut(x_dense), cut(y)):
+            v = tf.stack(e, 1)                                              # [b, 26, dim]
+            fm = 0.5 * tf.reduce_sum(tf.square(tf.reduce_sum(v, 1)) - tf.reduce_sum(tf.square(v), 1), 1, keepdims=True)
+            h = tf.concat([tf.reshape(v, [-1, SLOTS * dim]), x], 1)
+            for l in layers:
+                h = l(h)
+            # The logit is one sum of 29 terms (MLP, FM, dense linear, 26 first-order weights) in
+            # one reduction: a chain of `+` lets Grappler's arithmetic optimizer pick the order
+            # of the additions per graph, and the 1- and 2-worker graphs got different orders.
+            terms = tf.concat([h, fm, dense_linear(x)] + list(f), 1)       # [b, 29]
+            logits = tf.reduce_sum(terms, 1, keepdims=True)
+            ce = tf.nn.sigmoid_cross_entropy_with_logits(labels=yy, logits=logits)
+            # scaled before the sum, not after: Grappler rewrites a/g + b/g into (a + b)/g
+            losses.append(tf.reduce_sum(ce * (1.0 / global_batch)))
+        return losses[0] if splits == 1 else tf.add_n(losses)
 
-    def replica_step(ids, x_dense, y):
+    @tf.autograph.experimental.do_not_convert      # plain Python loops only; no AutoGraph needed
+    def replica_step(keys, x_dense, y):
+        ids = _ids(tf, keys)
         with tf.GradientTape() as tape:
-            logits = forward(ids, x_dense)
-            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=logits)) / global_batch
-        dvars = [w for l in layers + [dense_linear] for w in l.trainable_variables]
+            embs = lookup_sparse(tables, ids, combiners="sum")
+            firsts = lookup_sparse(linear, ids, combiners="sum")
+            loss = head_loss(embs, firsts, x_dense, y)
         grads = tape.gradient(loss, sparse_vars + dvars)
         emb_opt.apply_gradients(zip(grads[:len(sparse_vars)], sparse_vars))
         dense_opt.apply_gradients(zip(grads[len(sparse_vars):], dvars))
         return loss
 
     @tf.function
-    def step(ids, x_dense, y):
-        per = strategy.run(replica_step, args=(ids, x_dense, y))
+    def step(keys, x_dense, y):
+        per = strategy.run(replica_step, args=(keys, x_dense, y))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
 
     def batch(i):
         lo = (i * global_batch) % (len(cats) - global_batch + 1) + rank * local
-        return (_ids(tf, cats[lo:lo + local], vocab), tf.constant(dense[lo:lo + local]), tf.constant(labels[lo:lo + local]))
+        return (tf.constant(cats[lo:lo + local] % vocab), tf.constant(dense[lo:lo + local]),
+                tf.constant(labels[lo:lo + local]))
 
-    losses, times = [], []
+    losses, times, input_times = [], [], []
     for i in range(steps):
-        b = batch(i)
         t0 = time.perf_counter()
+        b = batch(i)
+        t1 = time.perf_counter()
         losses.append(float(step(*b)))
-        times.append(time.perf_counter() - t0)
-    res = {"workers": n, "global_batch": global_batch, "steps": steps, "losses": losses,
-           "step_ms": 1e3 * float(np.median(times[2:] if steps > 4 else times))}
-    from . import gather
-    table0 = gather(tables[0])[1]      # the whole first table after training (collective), for comparisons
-    if dump_dir:   # before profiling, whose update step moves the tables
+        times.append(time.perf_counter() - t1)
+        input_times.append(t1 - t0)
+    skip = 2 if steps > 4 else 0       # the first steps trace and warm up
+    res = {"workers": n, "global_batch": global_batch, "steps": steps, "splits": splits, "losses": losses,
+           "step_ms": 1e3 * float(np.median(times[skip:])), "input_ms": 1e3 * float(np.median(input_times[skip:]))}
+    # the whole first table and its Adagrad state after training (collectives), for comparisons
+    table0 = gather(tables[0])[1]
+    slots0 = {name: gather(tables[0], var)[1] for name, var in sorted(emb_opt.slots(tables[0]).items())}
+    if dump_dir:   # before profiling, whose update steps move the tables
         dump(dump_dir, tables[:2], emb_opt)
     if profile:
-        res["breakdown_ms"] = _breakdown(tf, ops, lookup_sparse, tables + linear, layers, dense_linear, emb_opt, batch,
-                                         global_batch, n, dim)
+        parts = dict(lookup_sparse=lookup_sparse, fused_lookup=ops.fused_embedding_lookup, svars=sparse_vars,
+                     tables=tables, linear=linear, dvars=dvars, head_loss=head_loss, emb_opt=emb_opt,
+                     dense_opt=dense_opt, strategy=strategy, step=step, n=n)
+        res["breakdown_ms"] = _breakdown(tf, [batch(i) for i in range(12)], **parts)
     if rank == 0 and out:
         Path(out).write_text(json.dumps(res))
-    res["table0"] = table0
+    if rank == 0 and table_out:
+        np.save(table_out, table0)
+    res["table0"], res["table0_slots"] = table0, slots0
     return res
 
 
-def _breakdown(tf, ops, lookup_sparse, svars, layers, dense_linear, emb_opt, batch, global_batch, n, dim, reps=5):
-    """Times the parts of a step on their own (ms, medians): the lookup's local kernels (forward
-    and backward on this worker's shards, no communication), the exchange (the same with the
-    collectives, minus that), the dense part (forward and backward), and the update."""
-    ids, x_dense, y = batch(0)
-    r = [tf.ones([int(x_dense.shape[0]), int(v.shape[1])]) for v in svars]
-    all_ids = ids + ids
+def assert_same_training(a, b, names=("1 worker", "2 workers")):
+    """Asserts that two runs of `train` are the same to the bit: every step's loss and every
+    element of the first table after training. Raises AssertionError naming the first step,
+    or the row and column, that differ and by how much."""
+    la, lb = np.asarray(a["losses"], np.float64), np.asarray(b["losses"], np.float64)
+    if la.shape != lb.shape:
+        raise AssertionError(f"{names[0]} has {la.size} losses, {names[1]} {lb.size}")
+    bad = np.flatnonzero(la != lb)
+    if bad.size:
+        i = int(bad[0])
+        raise AssertionError(f"losses differ at {bad.size} of {la.size} steps, first at step {i}: "
+                             f"{names[0]} {la[i]!r}, {names[1]} {lb[i]!r}")
+    ta, tb = np.asarray(a["table0"]), np.asarray(b["table0"])
+    if ta.shape != tb.shape:
+        raise AssertionError(f"first table: {names[0]} {ta.shape}, {names[1]} {tb.shape}")
+    bad = np.argwhere(ta != tb)
+    if bad.size:
+        r, c = (int(x) for x in bad[0])
+        raise AssertionError(f"first table differs in {len(bad)} of {ta.size} elements, first at row {r} column {c}: "
+                             f"{names[0]} {ta[r, c]!r}, {names[1]} {tb[r, c]!r}")
 
-    @tf.function
-    def with_exchange():
+
+def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linear, dvars, head_loss, emb_opt,
+               dense_opt, strategy, step, n):
+    """Times the parts of a step on their own (ms, medians over `batches`, each part run once
+    per batch after a warm-up on the first), and the whole step the same way:
+
+    lookup            the lookups' local kernels, forward and backward, on this worker's shards
+                      (no communication);
+    exchange          the same lookups with the collectives (counts all-gather, keys out, rows
+                      back, gradients back), minus `lookup`;
+    dense             FM, MLP and loss, forward and backward (to the dense variables and to the
+                      looked-up vectors);
+    embedding update  the Adagrad updates of the shards;
+    dense update      the all-reduce of the dense gradients and Keras Adam;
+    step overhead     a step that only returns its loss: the tf.function call, `strategy.run`
+                      and the loss's all-reduce;
+    step              the whole training step.
+    """
+    def sparse_grads(lookup):
         with tf.GradientTape() as tape:
-            embs = lookup_sparse(svars, all_ids, combiners="sum")
-            loss = tf.add_n([tf.reduce_sum(e * w) for e, w in zip(embs, r)])
+            embs = lookup()
+            loss = tf.add_n([tf.reduce_sum(e) for e in embs])
         return tape.gradient(loss, svars)
 
-    local_ids = [tf.RaggedTensor.from_row_splits(x.values // n, x.row_splits) for x in all_ids]
+    @tf.function
+    def with_exchange(keys):
+        ids = _ids(tf, keys)
+        return sparse_grads(lambda: lookup_sparse(tables, ids, combiners="sum") +
+                            lookup_sparse(linear, ids, combiners="sum"))
 
     @tf.function
-    def local_only():
+    def local_only(keys):
+        local_ids = [tf.RaggedTensor.from_row_splits(x.values // n, x.row_splits, validate=False)
+                     for x in _ids(tf, keys)]
+        return sparse_grads(lambda: fused_lookup(svars, local_ids + local_ids, "sum"))
+
+    @tf.function
+    def dense_only(embs, firsts, x_dense, y):
         with tf.GradientTape() as tape:
-            embs = ops.fused_embedding_lookup(svars, local_ids, "sum")
-            loss = tf.add_n([tf.reduce_sum(e * w) for e, w in zip(embs, r)])
-        return tape.gradient(loss, svars)
+            tape.watch(embs + firsts)
+            loss = head_loss(embs, firsts, x_dense, y)
+        return tape.gradient(loss, dvars + embs + firsts)
 
-    h0 = tf.random.normal([int(x_dense.shape[0]), SLOTS * dim])
-    dvars = [w for l in layers + [dense_linear] for w in l.trainable_variables]
-
-    @tf.function
-    def dense_only():
-        with tf.GradientTape() as tape:
-            h = tf.concat([h0, x_dense], 1)
-            for l in layers:
-                h = l(h)
-            loss = tf.reduce_sum(h + dense_linear(x_dense))
-        return tape.gradient(loss, dvars)
-
-    grads = with_exchange()
-
-    @tf.function
-    def update():
+    def embedding_update(rows, values):
+        grads = [tf.IndexedSlices(v, r, tf.shape(p, out_type=r.dtype)) for r, v, p in zip(rows, values, svars)]
         emb_opt.apply_gradients(zip(grads, svars))
         return tf.constant(0)
 
-    def med(fn):
-        fn()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn())
-            ts.append(time.perf_counter() - t0)
-        return 1e3 * float(np.median(ts))
+    @tf.function
+    def dense_update(grads):
+        def apply(g):    # identities inside the replica's device scope: the all-reduce needs placed inputs
+            dense_opt.apply_gradients(zip([tf.identity(x) for x in g], dvars))
+        strategy.run(apply, args=(list(grads),))
+        return tf.constant(0)
 
-    t_x, t_l, t_d, t_u = med(with_exchange), med(local_only), med(dense_only), med(update)
-    return {"lookup": t_l, "exchange": max(0.0, t_x - t_l), "dense": t_d, "update": t_u}
+    @tf.function
+    def overhead(y):
+        per = strategy.run(lambda: tf.reduce_sum(y))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
+
+    # inputs of every part, computed before any timing
+    inputs = []
+    for keys, x_dense, y in batches:
+        ids = _ids(tf, keys)
+        embs = [tf.constant(e) for e in lookup_sparse(tables, ids, combiners="sum")]
+        firsts = [tf.constant(f) for f in lookup_sparse(linear, ids, combiners="sum")]
+        sgrads = with_exchange(keys)
+        dgrads = dense_only(embs, firsts, x_dense, y)[:len(dvars)]
+        inputs.append(dict(keys=keys, x=x_dense, y=y, embs=embs, firsts=firsts, dgrads=dgrads,
+                           rows=[g.indices for g in sgrads], values=[g.values for g in sgrads]))
+
+    # the gradients' row counts differ from batch to batch: one trace for all of them
+    g0 = inputs[0]
+    embedding_update = tf.function(embedding_update, input_signature=(
+        [tf.TensorSpec([None], r.dtype) for r in g0["rows"]],
+        [tf.TensorSpec([None, int(v.shape[1])], v.dtype) for v in g0["values"]]))
+
+    def med(fn, args):
+        def once(a):
+            t0 = time.perf_counter()
+            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn(*args(a)))
+            return time.perf_counter() - t0
+        once(inputs[0])       # traces and warms up
+        return 1e3 * float(np.median([once(a) for a in inputs[1:]]))
+
+    t_x = med(with_exchange, lambda a: (a["keys"],))
+    t_l = med(local_only, lambda a: (a["keys"],))
+    res = {"lookup": t_l, "exchange": max(0.0, t_x - t_l),
+           "dense": med(dense_only, lambda a: (a["embs"], a["firsts"], a["x"], a["y"])),
+           "embedding update": med(embedding_update, lambda a: (a["rows"], a["values"])),
+           "dense update": med(dense_update, lambda a: (a["dgrads"],)),
+           "step overhead": med(overhead, lambda a: (a["y"],))}
+    res["step"] = med(step, lambda a: (a["keys"], a["x"], a["y"]))
+    return res
 
 
 def main():
@@ -205,8 +320,11 @@ def main():
     ap.add_argument("--out", help="JSON written by rank 0")
     ap.add_argument("--dump", help="dump the first two tables (and optimizer state) here")
     ap.add_argument("--profile", action="store_true", help="also time the parts of a step")
+    ap.add_argument("--splits", type=int, default=1, help="slices of the local batch for the dense part (see train)")
+    ap.add_argument("--table-out", help="rank 0 saves the whole first table after training here (.npy)")
     a = ap.parse_args()
-    res = train(a.data, a.steps, a.global_batch, a.vocab, a.dim, out=a.out, dump_dir=a.dump, profile=a.profile)
+    res = train(a.data, a.steps, a.global_batch, a.vocab, a.dim, out=a.out, dump_dir=a.dump, profile=a.profile,
+                splits=a.splits, table_out=a.table_out)
     from . import rank
     if rank() == 0:
         print(f"{res['workers']} worker(s): final loss {res['losses'][-1]:.4f}, step {res['step_ms']:.1f} ms")

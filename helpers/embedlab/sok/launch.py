@@ -10,15 +10,22 @@ Local mode (`-n N`): picks N free ports on 127.0.0.1, starts `python script.py a
 with `TF_CONFIG` set for rank 0..N-1 (plus `EMBEDLAB_SOK_RANK`, `EMBEDLAB_SOK_WORLD_SIZE`,
 `EMBEDLAB_SOK_TIMEOUT`), and prefixes every line of their output with `[rank r]`.
 
-* When one worker fails (non-zero exit or killed by a signal), the launcher ends the others
-  (SIGTERM, then SIGKILL after a grace period, each by its process id) and exits non-zero,
-  naming that rank and repeating the end of its error output.
+* Quiet workers: `TF_CPP_MIN_LOG_LEVEL` is 2 in their environment unless it is set (TensorFlow's
+  C++ INFO and WARNING logs off), and the start-up banner that TensorFlow prints before its
+  logging can be configured ("oneDNN custom operations are on", see `embedlab.import_tensorflow`)
+  is dropped from their error output. Every other line passes through.
+* When a worker fails (non-zero exit or killed by a signal), the launcher ends the others
+  (SIGTERM, then SIGKILL after a grace period, each by its process id) and exits non-zero. It
+  names the rank that failed first, with its exit code or signal, says what became of the others
+  (failed after it, or still running and ended), and repeats the end of its error output.
 * Workers give up on a collective after `--collective-timeout` seconds (`embedlab.sok` reads
-  it), so a worker that hangs or dies never leaves the others waiting forever. When a worker
-  fails on a collective while another is still running, the launcher names the one still
-  running as the missing rank.
+  it), so a worker that hangs or dies never leaves the others waiting forever. When the first
+  failure is such a timeout, the ranks still running are the ones that never joined the
+  collective, and the launcher says so.
 * `--timeout` bounds the whole job: past it every worker is ended and the ranks still running
   are named.
+
+The launcher itself imports no TensorFlow (`--help` and argument errors are immediate).
 
 Several machines (`--hosts h1,h2,...`): without a script it prints the `TF_CONFIG` of each
 host (export it there and start the script, one process per host); with `--index i` and a
@@ -40,6 +47,9 @@ import time
 from collections import deque
 
 EXIT_MISSING = 3      # our exit code when a worker is missing (timeout or collective failure)
+
+# What a worker's error output says when one of its collectives timed out (TensorFlow's message).
+_COLLECTIVE_TIMEOUT = ("Collective has timed out", "DeadlineExceededError")
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -67,11 +77,22 @@ class _Worker:
         self.rank, self.proc = rank, proc
         self.tail = deque(maxlen=25)      # last lines of stderr, repeated in the failure report
         self.threads = []
+        self.ended_at = None              # time.monotonic() when the process ended (set by _wait)
+
+    def wait_in_background(self):
+        def wait():
+            self.proc.wait()
+            self.ended_at = time.monotonic()
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        self.threads.append(t)
 
 
-def _pump(stream, out, prefix, tail, lock):
+def _pump(stream, out, prefix, tail, lock, drop=None):
     for raw in iter(stream.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
+        if drop is not None and drop(line):
+            continue
         if tail is not None:
             tail.append(line)
         with lock:
@@ -109,10 +130,49 @@ def _describe(code: int) -> str:
     return f"exited with code {code}"
 
 
+def _is_banner(line: str) -> bool:
+    """A line of TensorFlow's start-up banner (the lines `embedlab.import_tensorflow` drops)."""
+    from .._tfstart import _BANNER
+    return any(b in line for b in _BANNER)
+
+
+def _ranks(rs) -> str:
+    rs = list(rs)
+    return f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+
+
+def failure_report(first, later, still, timed_out_in_collective=False, collective_timeout=None) -> str:
+    """The launcher's one-line verdict on a failed job.
+
+    Args:
+        first: (rank, exit code) of the worker that failed first (a negative code: its signal).
+        later: [(rank, exit code)] of the workers that failed after it, in order.
+        still: ranks still running when the launcher ended them.
+        timed_out_in_collective: the first failure was a collective timing out (its error output
+            says so): then the ranks still running are the ones that never joined.
+    """
+    rank, code = first
+    msg = f"embedlab.sok.launch: rank {rank} failed first: it {_describe(code)}"
+    if timed_out_in_collective:
+        waited = f" {collective_timeout:g} s" if collective_timeout is not None else ""
+        msg += f" after waiting{waited} for its peers in a collective"
+    for r, c in later:
+        msg += f"; then rank {r} {_describe(c)}"
+    if still:
+        verb = "were" if len(still) > 1 else "was"
+        if timed_out_in_collective:
+            msg += (f"; {_ranks(still)}, still running, never joined that collective (hung?) and {verb} ended "
+                    f"by the launcher")
+        else:
+            msg += f"; {_ranks(still)} {verb} still running and {verb} ended by the launcher"
+    return msg
+
+
 def run_local(n: int, cmd: list[str], timeout: float | None = None, collective_timeout: float = 60.0,
-              env: dict | None = None, out=None, poll: float = 0.1, grace: float = 2.0) -> int:
-    """Runs `cmd` as n local workers; returns 0 or the failing worker's exit code (EXIT_MISSING
-    for a job timeout). What happened is printed to stderr."""
+              env: dict | None = None, out=None, poll: float = 0.05, grace: float = 2.0) -> int:
+    """Runs `cmd` as n local workers; returns 0 or the first failing worker's exit code (128 +
+    signal for a signal; EXIT_MISSING for a job timeout). What happened is printed to stderr
+    (see `failure_report`)."""
     out = out or sys.stdout
     ports = free_ports(n)
     hosts = [f"127.0.0.1:{p}" for p in ports]
@@ -120,7 +180,14 @@ def run_local(n: int, cmd: list[str], timeout: float | None = None, collective_t
     workers: list[_Worker] = []
     base = dict(os.environ if env is None else env)
     base["PYTHONUNBUFFERED"] = "1"
+    base.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     started = time.monotonic()
+
+    def join_output():
+        for w in workers:
+            for t in w.threads:
+                t.join(timeout=2)
+
     try:
         for r in range(n):
             e = dict(base, TF_CONFIG=tf_config(hosts, r), EMBEDLAB_SOK_RANK=str(r),
@@ -128,50 +195,44 @@ def run_local(n: int, cmd: list[str], timeout: float | None = None, collective_t
             p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
             w = _Worker(r, p)
-            for stream, dest, tail in ((p.stdout, out, None), (p.stderr, sys.stderr, w.tail)):
-                t = threading.Thread(target=_pump, args=(stream, dest, f"[rank {r}] ", tail, lock), daemon=True)
+            for stream, dest, tail, drop in ((p.stdout, out, None, None), (p.stderr, sys.stderr, w.tail, _is_banner)):
+                t = threading.Thread(target=_pump, args=(stream, dest, f"[rank {r}] ", tail, lock, drop), daemon=True)
                 t.start()
                 w.threads.append(t)
+            w.wait_in_background()
             workers.append(w)
 
         while True:
-            codes = [w.proc.poll() for w in workers]
-            failed = [w for w, c in zip(workers, codes) if c not in (None, 0)]
+            ended = sorted((w for w in workers if w.ended_at is not None), key=lambda w: w.ended_at)
+            failed = [w for w in ended if w.proc.returncode != 0]
             if failed:
                 first = failed[0]
-                code = first.proc.returncode
-                # Give the others a moment: a worker whose peer vanished fails on its own soon;
-                # one that is still running then is the missing (hung) one.
+                # Give the others a moment: a worker whose peer vanished often fails on its own
+                # soon after (its collective is aborted); the report lists it after the first.
                 t_end = time.monotonic() + grace
-                while time.monotonic() < t_end and any(w.proc.poll() is None for w in workers):
+                while time.monotonic() < t_end and any(w.ended_at is None for w in workers):
                     time.sleep(poll)
-                still = [w.rank for w in workers if w.proc.poll() is None]
+                still = [w.rank for w in workers if w.ended_at is None]
                 _end(workers)
-                for w in workers:
-                    for t in w.threads:
-                        t.join(timeout=2)
-                msg = f"embedlab.sok.launch: rank {first.rank} {_describe(code)}"
-                if still:
-                    msg += (f"; rank{'s' if len(still) > 1 else ''} {', '.join(map(str, still))} "
-                            f"{'were' if len(still) > 1 else 'was'} still running (missing from the collective: hung?) "
-                            f"and {'were' if len(still) > 1 else 'was'} ended")
-                others = [w.rank for w in failed if w is not first]
-                if others:
-                    msg += f"; rank(s) {', '.join(map(str, others))} failed too"
+                join_output()
+                later = sorted((w for w in workers if w is not first and w.ended_at is not None
+                                and w.proc.returncode != 0 and w.rank not in still), key=lambda w: w.ended_at)
+                timed_out = any(m in line for line in first.tail for m in _COLLECTIVE_TIMEOUT)
+                msg = failure_report((first.rank, first.proc.returncode), [(w.rank, w.proc.returncode) for w in later],
+                                     still, timed_out, collective_timeout)
                 tail = "\n".join(f"    {line}" for line in first.tail if line.strip())
                 sys.stderr.write(msg + (f"\nlast error output of rank {first.rank}:\n{tail}\n" if tail else "\n"))
                 sys.stderr.flush()
+                code = first.proc.returncode
                 return code if code > 0 else 128 - code
-            if all(c == 0 for c in codes):
-                for w in workers:
-                    for t in w.threads:
-                        t.join(timeout=2)
+            if len(ended) == n:
+                join_output()
                 return 0
             if timeout is not None and time.monotonic() - started > timeout:
-                still = [w.rank for w, c in zip(workers, codes) if c is None]
+                still = [w.rank for w in workers if w.ended_at is None]
                 _end(workers)
-                sys.stderr.write(f"embedlab.sok.launch: job timeout after {timeout:g} s; rank(s) "
-                                 f"{', '.join(map(str, still))} still running were ended\n")
+                sys.stderr.write(f"embedlab.sok.launch: job timeout after {timeout:g} s; {_ranks(still)} still "
+                                 f"running {'were' if len(still) > 1 else 'was'} ended\n")
                 return EXIT_MISSING
             time.sleep(poll)
     finally:

@@ -215,7 +215,7 @@ class Saver:
     rank 0 (collective: every worker calls it)."""
 
     def dump_to_file(self, embedding_variable, filepath):
-        from .dump import gather, _barrier_status
+        from .checkpoint import gather, _barrier_status
         from ..data._atomic import atomic_file
         keys, rows = _gather_legacy(embedding_variable)
         name = _file_name(embedding_variable)
