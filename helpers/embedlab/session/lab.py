@@ -201,6 +201,8 @@ def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, h
     Returns:
         int: the iteration count after the last list (pass it to `download_params_to_files`).
     """
+    if isinstance(eval_every, bool) or not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
+        raise ValueError(f"train_passes: eval_every must be an integer >= 1, got {eval_every!r}")
     store_dir = sess.temp_embedding_dir or None
     data_reader_train = sess.get_data_reader_train()
     data_reader_eval = sess.get_data_reader_eval()

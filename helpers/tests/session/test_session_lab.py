@@ -93,6 +93,8 @@ def test_train_passes_runs_hugectrs_loop(tmp_path, rng, capsys):
     for h in history:
         assert 0 <= h["auc"] <= 1 and np.isfinite(h["loss"]) and h["rss"] > 0 and h["mapped"] >= 0
     assert len(sess.get_model_oversubscriber().switches) == 3
+    with pytest.raises(ValueError, match="eval_every"):
+        lab.train_passes(sess, list(zip(lists, keysets)), ev, eval_every=0)
     out = capsys.readouterr().out
     assert out.count("[EMBEDLAB][INFO] iter:") == len(history)
     assert [l.split()[-1] for l in out.splitlines() if "trained with data in" in l] == [Path(l).name for l in lists]
