@@ -612,13 +612,17 @@ def _merge_slot(parts, n):
 # TFRecord
 # --------------------------------------------------------------------------------------
 
+_TFRECORD_CHUNK = 1 << 16     # rows write_tfrecord turns into Python values at a time (bounded memory)
+
+
 def write_tfrecord(path, columns: dict) -> Path:
     """Write columns as `tf.train.Example` records (one per row), atomically.
 
     Float columns become `float_list`, integer columns `int64_list`, (row_splits, values)
-    pairs variable-length `int64_list`. This builds one protobuf per row in Python (about
-    20-40 us/row): fine for conversion, and exactly the cost the TFRecord path pays again at
-    read time in `parse_example`.
+    pairs variable-length `int64_list`. Rows are turned into Python values a chunk at a time,
+    so memory beyond the columns themselves does not grow with the row count. This builds one
+    protobuf per row in Python (about 20-40 us/row): fine for conversion, and exactly the cost
+    the TFRecord path pays again at read time in `parse_example`.
 
     Args:
         path: output `.tfrecord` file.
@@ -632,33 +636,44 @@ def write_tfrecord(path, columns: dict) -> Path:
     """
     import tensorflow as tf
     names = list(columns)
-    kinds, lists = [], []
+    kinds, cols = [], []
     n = None
     for name in names:
         col = columns[name]
         if isinstance(col, tuple):
-            splits, values = np.asarray(col[0]), np.asarray(col[1]).astype(np.int64).tolist()
-            rows = [values[a:b] for a, b in zip(splits[:-1], splits[1:])]
+            col = (np.asarray(col[0]), np.asarray(col[1]).astype(np.int64))
             kinds.append("int")
+            rows = len(col[0]) - 1
         else:
-            arr = np.asarray(col)
-            kinds.append("float" if arr.dtype.kind == "f" else "int")
-            rows = arr.tolist()
-            rows = [[v] for v in rows]
+            col = np.asarray(col)
+            kinds.append("float" if col.dtype.kind == "f" else "int")
+            rows = len(col)
         if n is None:
-            n = len(rows)
-        elif len(rows) != n:
-            raise ValueError(f"write_tfrecord: column {name} has {len(rows)} rows, expected {n}")
-        lists.append(rows)
+            n = rows
+        elif rows != n:
+            raise ValueError(f"write_tfrecord: column {name} has {rows} rows, expected {n}")
+        cols.append(col)
     Feature, FL, IL = tf.train.Feature, tf.train.FloatList, tf.train.Int64List
+    chunk = _TFRECORD_CHUNK
     with atomic_file(path) as tmp:
         with tf.io.TFRecordWriter(str(tmp)) as w:
-            for r in range(n or 0):
-                feats = {name: (Feature(float_list=FL(value=lst[r])) if k == "float"
-                                else Feature(int64_list=IL(value=lst[r])))
-                         for name, k, lst in zip(names, kinds, lists)}
-                w.write(tf.train.Example(features=tf.train.Features(feature=feats))
-                        .SerializeToString())
+            for a in range(0, n or 0, chunk):
+                b = min(a + chunk, n)
+                lists = []
+                for col in cols:
+                    if isinstance(col, tuple):
+                        splits, values = col[0][a:b + 1], col[1]
+                        vals = values[splits[0]:splits[-1]].tolist()
+                        off = (splits - splits[0]).tolist()
+                        lists.append([vals[off[i]:off[i + 1]] for i in range(b - a)])
+                    else:
+                        lists.append([(v,) for v in col[a:b].tolist()])
+                for r in range(b - a):
+                    feats = {name: (Feature(float_list=FL(value=lst[r])) if k == "float"
+                                    else Feature(int64_list=IL(value=lst[r])))
+                             for name, k, lst in zip(names, kinds, lists)}
+                    w.write(tf.train.Example(features=tf.train.Features(feature=feats))
+                            .SerializeToString())
     return Path(path)
 
 
