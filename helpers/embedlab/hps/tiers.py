@@ -198,11 +198,12 @@ class RedisTier:
     ``bad_values`` (logged once per table); it is never returned as a vector.
 
     In a cluster, a call's commands are grouped by the node that owns their hash's slot (the
-    client's slot map) and sent as one non-transactional pipeline per node, one node after the
-    other. (redis-py's ``ClusterPipeline`` re-sends each command that failed one by one, so a
-    node that accepts connections but never answers cost one ``socket_timeout`` per command
-    queued for it: 8 s for one lookup at 2 s and 3 commands.) A MOVED or ASK reply (slots
-    moving) re-reads the slot map and sends the call once more.
+    client's slot map): each node's commands are written on one of its connections, then the
+    replies are read node by node. (redis-py's ``ClusterPipeline`` does the same, but re-sends
+    each command that failed one by one, so a node that accepts connections but never answers
+    cost one ``socket_timeout`` per command queued for it: 8 s for one lookup at 2 s and 3
+    commands.) A MOVED or ASK reply (slots moving) re-reads the slot map and sends the call
+    once more.
 
     Every error of redis-py that means "Redis cannot serve this now" raises
     :class:`TierUnavailable` (see :func:`redis_unavailable_errors`): refused or reset
@@ -275,7 +276,7 @@ class RedisTier:
         return _NodePipelines(self) if self.cluster else self._client.pipeline(transaction=False)
 
     def _execute_cluster(self, cmds: list) -> list:
-        """Runs (command, args, kwargs) triples: one pipeline per node, replies in command order."""
+        """Runs raw commands (name, key, args...) on the nodes owning their keys; replies in order."""
         c = self._client
         try:
             if self._refresh_after is not None:      # the last call failed: re-read the slot map
@@ -292,23 +293,35 @@ class RedisTier:
             raise
 
     def _send_by_node(self, cmds: list) -> list:
+        """Writes every node's commands on one connection each, then reads the replies node by
+        node (the nodes work at the same time); the first error raises."""
         c = self._client
         groups: dict[str, tuple] = {}
-        for i, (_, args, _) in enumerate(cmds):
-            node = c.get_node_from_key(args[0])
+        for i, args in enumerate(cmds):
+            node = c.get_node_from_key(args[1])
             groups.setdefault(node.name, (node, []))[1].append(i)
         out = [None] * len(cmds)
-        for node, idx in groups.values():
-            try:
-                pipe = c.get_redis_connection(node).pipeline(transaction=False)
+        sent = []           # [redis client of the node, connection, replies still unread]
+        node = None
+        try:
+            for node, idx in groups.values():
+                r = c.get_redis_connection(node)
+                conn = r.connection_pool.get_connection()
+                sent.append([r, conn, True])
+                conn.send_packed_command(conn.pack_commands([cmds[i] for i in idx]))
+            for (node, idx), entry in zip(groups.values(), sent):
+                r, conn, _ = entry
                 for i in idx:
-                    name, args, kwargs = cmds[i]
-                    getattr(pipe, name)(*args, **kwargs)
-                for i, reply in zip(idx, pipe.execute()):
-                    out[i] = reply
-            except self._unavailable:
-                self._refresh_after = node.name
-                raise
+                    out[i] = r.parse_response(conn, cmds[i][0])
+                entry[2] = False
+        except self._unavailable:
+            self._refresh_after = node.name if node is not None else ""
+            raise
+        finally:
+            for r, conn, unread in sent:
+                if unread:          # a reply left on the socket would answer the next command
+                    conn.disconnect()
+                r.connection_pool.release(conn)
         return out
 
     def _unavailable_error(self, e) -> TierUnavailable:
@@ -438,30 +451,26 @@ class RedisTier:
 
 class _NodePipelines:
     """The pipeline interface RedisTier uses (hmget, hset, hdel, hlen, delete, execute) over a
-    cluster: commands are recorded and executed by RedisTier._execute_cluster."""
+    cluster: the commands are recorded and RedisTier._execute_cluster sends them."""
 
     def __init__(self, tier: RedisTier):
         self._tier = tier
         self._cmds: list = []
 
-    def _add(self, name, *args, **kwargs):
-        self._cmds.append((name, args, kwargs))
-        return self
-
     def hmget(self, key, fields):
-        return self._add("hmget", key, fields)
+        self._cmds.append(("HMGET", key, *fields))
 
     def hset(self, key, mapping):
-        return self._add("hset", key, mapping=mapping)
+        self._cmds.append(("HSET", key, *[x for kv in mapping.items() for x in kv]))
 
     def hdel(self, key, *fields):
-        return self._add("hdel", key, *fields)
+        self._cmds.append(("HDEL", key, *fields))
 
     def hlen(self, key):
-        return self._add("hlen", key)
+        self._cmds.append(("HLEN", key))
 
     def delete(self, key):
-        return self._add("delete", key)
+        self._cmds.append(("DEL", key))
 
     def execute(self) -> list:
         return self._tier._execute_cluster(self._cmds) if self._cmds else []
