@@ -184,7 +184,7 @@ def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump
         parts = dict(lookup_sparse=lookup_sparse, fused_lookup=ops.fused_embedding_lookup, svars=sparse_vars,
                      tables=tables, linear=linear, dvars=dvars, head_loss=head_loss, emb_opt=emb_opt,
                      dense_opt=dense_opt, strategy=strategy, step=step, n=n)
-        res["breakdown_ms"] = _breakdown(tf, [batch(i) for i in range(12)], **parts)
+        res["breakdown_ms"] = _breakdown(tf, [batch(i) for i in range(16)], **parts)
     if rank == 0 and out:
         Path(out).write_text(json.dumps(res))
     if rank == 0 and table_out:
@@ -217,8 +217,8 @@ def assert_same_training(a, b, names=("1 worker", "2 workers")):
 
 def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linear, dvars, head_loss, emb_opt,
                dense_opt, strategy, step, n):
-    """Times the parts of a step on their own (ms, medians over `batches`, each part run once
-    per batch after a warm-up on the first), and the whole step the same way:
+    """Times the parts of a step on their own and the whole step the same way (ms, medians over
+    `batches` after a warm-up on the first; every part and the step run once per batch, in turn):
 
     lookup            the lookups' local kernels, forward and backward, on this worker's shards
                       (no communication);
@@ -291,22 +291,30 @@ def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linea
         [tf.TensorSpec([None], r.dtype) for r in g0["rows"]],
         [tf.TensorSpec([None, int(v.shape[1])], v.dtype) for v in g0["values"]]))
 
-    def med(fn, args):
-        def once(a):
-            t0 = time.perf_counter()
-            tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn(*args(a)))
-            return time.perf_counter() - t0
-        once(inputs[0])       # traces and warms up
-        return 1e3 * float(np.median([once(a) for a in inputs[1:]]))
+    def once(fn, args):
+        t0 = time.perf_counter()
+        tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fn(*args))
+        return time.perf_counter() - t0
 
-    t_x = med(with_exchange, lambda a: (a["keys"],))
-    t_l = med(local_only, lambda a: (a["keys"],))
-    res = {"lookup": t_l, "exchange": max(0.0, t_x - t_l),
-           "dense": med(dense_only, lambda a: (a["embs"], a["firsts"], a["x"], a["y"])),
-           "embedding update": med(embedding_update, lambda a: (a["rows"], a["values"])),
-           "dense update": med(dense_update, lambda a: (a["dgrads"],)),
-           "step overhead": med(overhead, lambda a: (a["y"],))}
-    res["step"] = med(step, lambda a: (a["keys"], a["x"], a["y"]))
+    timed = {  # name: (function, its arguments from one batch's inputs)
+        "with exchange": (with_exchange, lambda a: (a["keys"],)),
+        "lookup": (local_only, lambda a: (a["keys"],)),
+        "dense": (dense_only, lambda a: (a["embs"], a["firsts"], a["x"], a["y"])),
+        "embedding update": (embedding_update, lambda a: (a["rows"], a["values"])),
+        "dense update": (dense_update, lambda a: (a["dgrads"],)),
+        "step overhead": (overhead, lambda a: (a["y"],)),
+        "step": (step, lambda a: (a["keys"], a["x"], a["y"])),
+    }
+    for fn, args in timed.values():     # traces and warms up
+        once(fn, args(inputs[0]))
+    # Interleaved, batch after batch, so that a slow spell of the machine hits every part alike.
+    ts = {name: [] for name in timed}
+    for a in inputs[1:]:
+        for name, (fn, args) in timed.items():
+            ts[name].append(once(fn, args(a)))
+    ms = {name: 1e3 * float(np.median(t)) for name, t in ts.items()}
+    res = {"lookup": ms["lookup"], "exchange": max(0.0, ms["with exchange"] - ms["lookup"])}
+    res.update((k, ms[k]) for k in ("dense", "embedding update", "dense update", "step overhead", "step"))
     return res
 
 
