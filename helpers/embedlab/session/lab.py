@@ -195,8 +195,9 @@ def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, h
 
     Args:
         history: if given, one dict per evaluation is appended: iteration, loss (the training
-            loss of that iteration), auc, and `memory_mb` of the process with `mapped` taken
-            under the Session's host-store folder.
+            loss of that iteration), auc, store_keys (keys in the host stores of all
+            embeddings), and `memory_mb` of the process with `mapped` taken under the Session's
+            host-store folder.
 
     Returns:
         int: the iteration count after the last list (pass it to `download_params_to_files`).
@@ -217,6 +218,7 @@ def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, h
                 metrics = sess.evaluation()
                 if history is not None:
                     history.append({"iteration": iteration, "loss": sess.get_current_loss(), "auc": metrics[0][1],
+                                    "store_keys": sum(len(e.store) for e in sess.embeddings if e.store is not None),
                                     **memory_mb(store_dir)})
                 print("[EMBEDLAB][INFO] iter: {}, metrics: {}".format(iteration, metrics))
             iteration += 1

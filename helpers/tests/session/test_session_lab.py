@@ -92,6 +92,8 @@ def test_train_passes_runs_hugectrs_loop(tmp_path, rng, capsys):
     assert [h["iteration"] for h in history] == [i for i in range(5, end) if i % 3 == 0]
     for h in history:
         assert 0 <= h["auc"] <= 1 and np.isfinite(h["loss"]) and h["rss"] > 0 and h["mapped"] >= 0
+    keys = [h["store_keys"] for h in history]
+    assert keys == sorted(keys) and 0 < keys[-1] <= sum(len(e.store) for e in sess.embeddings)
     assert len(sess.get_model_oversubscriber().switches) == 3
     with pytest.raises(ValueError, match="eval_every"):
         lab.train_passes(sess, list(zip(lists, keysets)), ev, eval_every=0)
