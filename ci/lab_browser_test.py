@@ -165,12 +165,27 @@ def start_chromium(chromium, chromedriver, profile, driver_log):
     return driver
 
 
+def _replaced_node(e):
+    """True for Chromium's error about an element of a document that a navigation replaced meanwhile
+    ("Node with given id does not belong to the document"): a stale element that chromedriver reports
+    as an unknown error instead of StaleElementReferenceException."""
+    return "does not belong to the document" in (e.msg or "")
+
+
 def wait_for(driver, what, condition, timeout=UI_TIMEOUT, poll=0.25):
     """The first truthy value of condition(driver) within `timeout` seconds, else Failed(what)."""
+    def attempt(d):
+        try:
+            return condition(d)
+        except WebDriverException as e:
+            if _replaced_node(e):
+                return None  # the page was being replaced: look again
+            raise
+
     try:
         return WebDriverWait(driver, timeout, poll_frequency=poll,
                              ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
-                             ).until(condition)
+                             ).until(attempt)
     except TimeoutException:
         raise Failed(f"{what}: not seen within {timeout:.0f} s (page: {driver.current_url})") from None
 
@@ -268,6 +283,8 @@ def check_refused_without_token(driver, server):
         raise Failed(f"the lab opened without the token ({driver.current_url}): token authentication is off")
     if "/login" not in driver.current_url:
         raise Failed(f"the login form was served at {driver.current_url}, not at /login")
+    # The redirect to /login may still be replacing the document: type into the loaded page's form.
+    wait_for(driver, "the login page loading", lambda d: d.execute_script("return document.readyState") == "complete")
     # A wrong token typed into the form is refused too.
     field = driver.find_element(By.ID, "password_input")
     field.send_keys("not-" + server.token)
@@ -289,6 +306,10 @@ def _attached(element):
         return True
     except StaleElementReferenceException:
         return False
+    except WebDriverException as e:
+        if _replaced_node(e):
+            return False
+        raise
 
 
 def check_lab_loads_with_token(driver, server):
