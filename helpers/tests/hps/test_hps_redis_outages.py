@@ -18,26 +18,24 @@ from hps_testing import LookupLoad, OneNodeCluster, Table, cluster_ok, needs_nat
 
 pytestmark = needs_native_tiers
 
-@pytest.fixture(params=["one_node", "three_nodes"])
-def cluster(request):
-    c = OneNodeCluster() if request.param == "one_node" else RedisCluster(3)
+def _running(c):
+    """Starts cluster c, yields it, then resumes any SIGSTOPped node so that stop() can end it."""
     c.start()
     yield c
     for n in c.nodes:
         if n.proc is not None and n.proc.poll() is None:
             n.proc.send_signal(signal.SIGCONT)
     c.stop()
+
+
+@pytest.fixture(params=["one_node", "three_nodes"])
+def cluster(request):
+    yield from _running(OneNodeCluster() if request.param == "one_node" else RedisCluster(3))
 
 
 @pytest.fixture()
 def three(request):
-    c = RedisCluster(3)
-    c.start()
-    yield c
-    for n in c.nodes:
-        if n.proc is not None and n.proc.poll() is None:
-            n.proc.send_signal(signal.SIGCONT)
-    c.stop()
+    yield from _running(RedisCluster(3))
 
 
 @pytest.fixture()
