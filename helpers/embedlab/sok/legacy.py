@@ -63,13 +63,20 @@ def _default_initializer():
 
 
 class _EmbeddingBase(keras.layers.Layer):
-    def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=True, key_dtype=tf.int64,
+    def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable=True, key_dtype=None,
                  embedding_initializer=None, **kwargs):
         super().__init__(**kwargs)
         if int(max_vocabulary_size_per_gpu) < 1 or int(embedding_vec_size) < 1:
             raise ValueError(f"{type(self).__name__}: max_vocabulary_size_per_gpu and embedding_vec_size must be >= 1")
-        if tf.as_dtype(key_dtype) not in (tf.int64, tf.int32, tf.uint32):
-            raise ValueError(f"{type(self).__name__}: key_dtype must be int64 (or int32), got {key_dtype}")
+        # SOK's default (None) means int64, as in its EmbeddingVariable (`key_dtype or dtypes.int64`).
+        key_dtype = tf.int64 if key_dtype is None else key_dtype
+        try:
+            ok = tf.as_dtype(key_dtype) in (tf.int64, tf.int32, tf.uint32)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{type(self).__name__}: key_dtype must be int64, int32, uint32 or None (int64), "
+                             f"got {key_dtype!r}")
         self.max_vocabulary_size_per_gpu = int(max_vocabulary_size_per_gpu)
         self.embedding_vec_size = int(embedding_vec_size)
         self.use_hashtable = bool(use_hashtable)
@@ -106,7 +113,7 @@ class DistributedEmbedding(_EmbeddingBase):
     """
 
     def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, max_nnz,
-                 max_feature_num=1, use_hashtable=True, key_dtype=tf.int64, embedding_initializer=None, **kwargs):
+                 max_feature_num=1, use_hashtable=True, key_dtype=None, embedding_initializer=None, **kwargs):
         if combiner not in ("sum", "mean"):
             raise ValueError(f"DistributedEmbedding: combiner must be 'sum' or 'mean', got {combiner!r}")
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable, key_dtype,
@@ -129,7 +136,7 @@ class All2AllDenseEmbedding(_EmbeddingBase):
     `[None]`, output `[..., embedding_vec_size]`)."""
 
     def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num, nnz_per_slot, dynamic_input=False,
-                 use_hashtable=True, key_dtype=tf.int64, embedding_initializer=None, **kwargs):
+                 use_hashtable=True, key_dtype=None, embedding_initializer=None, **kwargs):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable, key_dtype,
                          embedding_initializer, **kwargs)
         self.slot_num, self.nnz_per_slot, self.dynamic_input = int(slot_num), int(nnz_per_slot), bool(dynamic_input)

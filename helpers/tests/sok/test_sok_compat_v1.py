@@ -1,0 +1,59 @@
+"""SOK's first-generation API as HugeCTR's own code calls it (SparseOperationKit v1, as of
+HugeCTR v23.09.00: sparse_operation_kit/embeddings/*.py, core/*.py). One worker."""
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import embedlab.sok as sok
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_worker():
+    sok.init()
+
+
+# The parameters (name, default) of SOK v1's constructors, from its source at v23.09.00.
+_SOK_V1 = {
+    "DistributedEmbedding": [("combiner", None), ("max_vocabulary_size_per_gpu", None), ("embedding_vec_size", None),
+                             ("slot_num", None), ("max_nnz", None), ("max_feature_num", 1), ("use_hashtable", True),
+                             ("key_dtype", None), ("embedding_initializer", None)],
+    "All2AllDenseEmbedding": [("max_vocabulary_size_per_gpu", None), ("embedding_vec_size", None), ("slot_num", None),
+                              ("nnz_per_slot", None), ("dynamic_input", False), ("use_hashtable", True),
+                              ("key_dtype", None), ("embedding_initializer", None)],
+}
+
+
+@pytest.mark.parametrize("cls", sorted(_SOK_V1))
+def test_v1_layer_signatures_match_sok(cls):
+    params = list(inspect.signature(getattr(sok, cls).__init__).parameters.values())[1:]
+    ours = [(p.name, None if p.default is inspect.Parameter.empty else p.default)
+            for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    assert ours == _SOK_V1[cls]
+
+
+@pytest.mark.parametrize("use_hashtable", [False, True])
+def test_key_dtype_none_means_int64(use_hashtable):
+    # SOK's signature default; SOK's EmbeddingVariable reads it as `key_dtype or dtypes.int64`.
+    init = tf.keras.initializers.Constant(0.5)
+    dist = sok.DistributedEmbedding("sum", 16, 3, slot_num=2, max_nnz=2, use_hashtable=use_hashtable, key_dtype=None,
+                                    embedding_initializer=init)
+    dense = sok.All2AllDenseEmbedding(16, 3, slot_num=2, nnz_per_slot=1, use_hashtable=use_hashtable, key_dtype=None,
+                                      embedding_initializer=init)
+    assert dist.key_dtype == tf.int64 and dense.key_dtype == tf.int64
+    # 1 sample x 2 slots: slot 0 holds keys 1, 2; slot 1 holds key 3
+    sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 2, 3], tf.int64), [2, 2])
+    np.testing.assert_array_equal(dist(sp).numpy(), [[[1.0] * 3, [0.5] * 3]])
+    out = dense(tf.constant([[[4], [5]]], tf.int64))
+    assert out.shape == (1, 2, 1, 3)
+    np.testing.assert_array_equal(out.numpy(), np.full((1, 2, 1, 3), 0.5, np.float32))
+
+
+def test_bad_key_dtype_is_a_clear_error():
+    with pytest.raises(ValueError, match="key_dtype must be int64, int32, uint32 or None"):
+        sok.All2AllDenseEmbedding(16, 3, slot_num=1, nnz_per_slot=1, key_dtype=tf.float32)
+    with pytest.raises(ValueError, match="key_dtype must be int64, int32, uint32 or None .*'keys'"):
+        sok.DistributedEmbedding("sum", 16, 3, slot_num=1, max_nnz=1, key_dtype="keys")
