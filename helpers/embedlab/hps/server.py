@@ -15,7 +15,7 @@ import numpy as np
 
 from ..sparse_model import read_sparse_model
 from .config import HPSConfig, load_config
-from .tiers import CacheTier, HashMapTier, RedisTier, RocksDBTier, TierUnavailable
+from .tiers import CacheTier, HashMapTier, RedisTier, RocksDBTier, TierFull, TierUnavailable
 
 log = logging.getLogger("embedlab.hps")
 
@@ -34,6 +34,7 @@ class _TierStats:
     calls: int = 0
     seconds: float = 0.0
     inserted: int = 0
+    writes_refused: int = 0
     down_since: float | None = None
     outage_start: float = 0.0
     outages: int = 0
@@ -44,7 +45,8 @@ class _TierStats:
         down = self.down_since is not None
         return {"hits": self.hits, "misses": self.misses, "errors": self.errors, "calls": self.calls,
                 "latency_ms_mean": 1e3 * self.seconds / self.calls if self.calls else 0.0,
-                "seconds": self.seconds, "inserted": self.inserted, "outages": self.outages,
+                "seconds": self.seconds, "inserted": self.inserted, "writes_refused": self.writes_refused,
+                "outages": self.outages,
                 "available": not down, "last_error": self.last_error,
                 "down_seconds": time.monotonic() - self.outage_start if down else 0.0}
 
@@ -181,7 +183,7 @@ class ParameterServer:
                 k = n if reload else int(math.floor(vc.initial_cache_rate * n + 1e-9))
                 if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(name, keys[:k], vecs[:k]),
                                fallback=False) is False and reload:
-                    self._volatile_dirty.append((name, keys.copy()))
+                    self._forget_volatile(name, keys)
             pc = self.config.persistent_db
             if self.persistent is not None and not self.persistent.read_only and (pc.initialize_after_startup or reload):
                 self.persistent.insert(name, keys, vecs, bulk=True)
@@ -198,6 +200,13 @@ class ParameterServer:
         return loaded
 
     # ---- helpers ----------------------------------------------------------------------------
+    def _forget_volatile(self, name: str, keys: np.ndarray) -> None:
+        """The volatile tier did not take new rows for keys (down, or full): it must not answer
+        their old rows. Erased now when it can be (a full Redis still deletes), else when it is
+        back from its outage."""
+        if self._guard(self.volatile, "volatile", lambda: self.volatile.erase(name, keys), fallback=False) is False:
+            self._volatile_dirty.append((name, keys.copy()))
+
     def _table(self, model, table_id) -> _Table:
         if not isinstance(model, str):
             raise HPSLookupError(f"HPS: model must be a model name (str), got {model!r}")
@@ -240,6 +249,15 @@ class ParameterServer:
                     tier.erase(name, k)
                 self._volatile_dirty = []
             out = fn()
+        except TierFull as e:
+            # Full, not down: reads go on from it; the rows refused stay in the tiers below.
+            if not st.writes_refused:
+                log.warning("HPS %s tier (%s) refused a write (full); lookups stay exact from the tiers "
+                            "below, and the refusals are counted in stats()['tiers']['%s']['writes_refused']: %s",
+                            which, getattr(tier, "kind", which), which, e)
+            st.writes_refused += 1
+            st.last_error = str(e)
+            return fallback
         except TierUnavailable as e:
             st.errors += 1
             st.last_error = str(e)
@@ -411,7 +429,7 @@ class ParameterServer:
             if self.volatile is not None:
                 if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, keys, vectors),
                                fallback=False) is False:
-                    self._volatile_dirty.append((tab.name, keys.copy()))
+                    self._forget_volatile(tab.name, keys)
             if cache is not None:
                 cache.update(tab.name, keys, vectors)
         return int(keys.shape[0])
@@ -429,7 +447,8 @@ class ParameterServer:
                 "cache_capacity": tab.cache_capacity}
 
     def stats(self) -> dict:
-        """Per-tier hits, misses, errors, calls, mean latency, inserts and availability (``available``,
+        """Per-tier hits, misses, errors, calls, mean latency, inserts, ``writes_refused`` (writes a
+        full tier refused, such as a Redis at ``maxmemory``) and availability (``available``,
         ``outages``, ``down_seconds`` of the current outage, ``last_error``: the cause of the last
         failure, such as ``Redis at ...: TimeoutError: Timeout reading from socket``), plus per-table
         counts (lookups, keys, defaults returned, sync/async cache inserts) and the config report."""

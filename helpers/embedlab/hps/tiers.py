@@ -24,12 +24,17 @@ import numpy as np
 
 log = logging.getLogger("embedlab.hps")
 
-__all__ = ["TierUnavailable", "TierError", "CacheTier", "HashMapTier", "RedisTier", "RocksDBTier",
+__all__ = ["TierUnavailable", "TierFull", "TierError", "CacheTier", "HashMapTier", "RedisTier", "RocksDBTier",
            "redis_unavailable_errors"]
 
 
 class TierUnavailable(RuntimeError):
     """The tier cannot be reached right now (a Redis outage); lookups fall through."""
+
+
+class TierFull(RuntimeError):
+    """The tier refused a write because it is full (a Redis at ``maxmemory`` under the
+    ``noeviction`` policy answers OOM); it still answers reads, so it is not marked down."""
 
 
 class TierError(RuntimeError):
@@ -333,6 +338,8 @@ class RedisTier:
     def _run(self, fn):
         try:
             return fn()
+        except self._redis.exceptions.OutOfMemoryError as e:
+            raise TierFull(f"Redis at {self._cfg.address}: OutOfMemoryError (OOM, maxmemory reached): {e}") from e
         except self._unavailable as e:
             raise self._unavailable_error(e) from e
         except self._redis.exceptions.RedisClusterException as e:
