@@ -714,6 +714,68 @@ def _encode(values: np.ndarray, vocab) -> np.ndarray:
     return vocab.get_indexer(values).astype(np.int64) + 1
 
 
+# The pieces of the recipe that the single-process path and the Dask path (`criteo_dask`)
+# share, so that both compute every value with the same code.
+_CROSS_IDX = [(CAT_COLUMNS.index(a), CAT_COLUMNS.index(b)) for a, b in CROSSES]
+
+
+def _slot_columns(feature_cross: bool) -> list[str]:
+    return CAT_COLUMNS + ([f"{a}_{b}" for a, b in CROSSES] if feature_cross else [])
+
+
+def _schema(columns):
+    import pyarrow as pa
+    return pa.schema([(LABEL, pa.float32())] + [(c, pa.float32()) for c in INT_COLUMNS]
+                     + [(c, pa.int64()) for c in columns])
+
+
+def _slot_values(block: Block, feature_cross: bool) -> list[np.ndarray]:
+    """The values each slot counts and encodes: C1..C26 (uint32), then the crossed pairs (uint64)."""
+    vals = [block.cats[:, j] for j in range(NUM_CAT)]
+    if feature_cross:
+        vals += [_cross_key(block.cats[:, a], block.cats[:, b]) for a, b in _CROSS_IDX]
+    return vals
+
+
+def _slot_exclude(slot: int):
+    """Values of a slot that never enter its vocabulary (missing, or a pair with a missing side)."""
+    return (lambda k: k == MISSING_HEX) if slot < NUM_CAT else _cross_has_missing
+
+
+def _layout(vocabs):
+    """Slot sizes (id 0 = rare/missing) and the first global id of each slot (HugeCTR's offsets)."""
+    slot_sizes = [len(v) + 1 for v in vocabs]
+    offsets = np.concatenate([[0], np.cumsum(slot_sizes)[:-1]]).astype(np.int64)
+    return slot_sizes, offsets
+
+
+def _encode_block(block: Block, lookups, offsets, dmin, dmax, normalize_dense: bool,
+                  feature_cross: bool, schema):
+    """One parsed block -> a pyarrow table of the output schema (label, dense, global ids)."""
+    import pyarrow as pa
+    dense = _dense(block)
+    if normalize_dense:
+        span = np.where(dmax > dmin, dmax - dmin, 1.0)
+        dense = np.clip((dense - dmin) / span, 0.0, 1.0)
+    cols = {LABEL: block.label.astype(np.float32)}
+    for j, c in enumerate(INT_COLUMNS):
+        cols[c] = dense[:, j].astype(np.float32)
+    names = schema.names[1 + NUM_INT:]
+    for k, v in enumerate(_slot_values(block, feature_cross)):
+        cols[names[k]] = _encode(v, lookups[k]) + offsets[k]
+    return pa.table(cols, schema=schema)
+
+
+def _metadata(slot_info, paths, total_lines, counts, rows, normalize_dense, feature_cross,
+              freq_threshold, dmin, dmax, malformed, seconds, files) -> dict:
+    return dict(slot_info, source=[str(p) for p in paths], lines=total_lines,
+                split_lines=dict(zip(SPLIT_NAMES, counts)), rows=rows,
+                label=LABEL, dense=INT_COLUMNS, normalize_dense=normalize_dense,
+                feature_cross=feature_cross, freq_threshold=int(freq_threshold),
+                dense_log_min=dmin.tolist(), dense_log_max=dmax.tolist(),
+                malformed=malformed, seconds=seconds, files=files)
+
+
 @dataclass
 class PreprocessResult:
     """What `preprocess` wrote.
@@ -744,7 +806,7 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
                freq_threshold: int = 6, split: Sequence[int] | None = KAGGLE_SPLIT,
                on_error: str = "fail", row_group_rows: int = 65_536,
                rows_per_file: int = 2_000_000, chunk_bytes: int = 32 << 20,
-               progress: bool = True) -> PreprocessResult:
+               progress: bool = True, client=None) -> PreprocessResult:
     """Criteo TSV -> parquet splits, after HugeCTR's recipe, streaming in two passes.
 
     Pass 1 reads the training lines and counts every category (and each crossed pair) and the
@@ -779,7 +841,13 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
         on_error: "fail" (default) or "skip" malformed lines (counted, reported with file and
             line number in the result and a warning).
         row_group_rows: parquet row-group size. rows_per_file: rows per parquet file.
-        chunk_bytes: input bytes parsed per step. progress: tqdm bars.
+        chunk_bytes: input bytes parsed per step (on a cluster: per task). progress: tqdm bars.
+        client: where to run. None: this process, unless the environment variable
+            `EMBEDLAB_DASK_SCHEDULER` names a scheduler (`tcp://host:8786`), which is then
+            used. A `distributed.Client`, a scheduler address, or "local" (a `LocalCluster`
+            of one single-threaded worker process per core on 127.0.0.1, closed after): the
+            same recipe on a Dask cluster, chunk by chunk, with output identical to this
+            process's (see `embedlab.data.criteo_dask`, which also takes fsspec URLs).
 
     Returns:
         A `PreprocessResult`.
@@ -798,6 +866,15 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
         raise ValueError(f"freq_threshold must be >= 1, got {freq_threshold}")
     if row_group_rows < 1 or rows_per_file < 1:
         raise ValueError("row_group_rows and rows_per_file must be >= 1")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    if client is not None or os.environ.get("EMBEDLAB_DASK_SCHEDULER"):
+        from . import criteo_dask
+        return criteo_dask.preprocess(
+            src, dst, normalize_dense=normalize_dense, feature_cross=feature_cross,
+            freq_threshold=freq_threshold, split=split, on_error=on_error,
+            row_group_rows=row_group_rows, rows_per_file=rows_per_file,
+            chunk_bytes=chunk_bytes, progress=progress, client=client)
     paths = _as_paths(src)
     t0 = time.perf_counter()
     total_lines = count_lines(paths)
@@ -831,10 +908,8 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
                 offset += nlines
 
     # ---- pass 1: statistics over the training lines
-    n_slots = NUM_CAT + (len(CROSSES) if feature_cross else 0)
-    counters = [_Counter(np.uint32) for _ in range(NUM_CAT)]
-    cross_idx = [(CAT_COLUMNS.index(a), CAT_COLUMNS.index(b)) for a, b in CROSSES]
-    cross_counters = [_Counter(np.uint64) for _ in cross_idx] if feature_cross else []
+    columns = _slot_columns(feature_cross)
+    counters = [_Counter(np.uint32 if k < NUM_CAT else np.uint64) for k in range(len(columns))]
     dmin = np.full(NUM_INT, np.inf)
     dmax = np.full(NUM_INT, -np.inf)
     errors1: list = []
@@ -844,26 +919,19 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
             block = _select(block, sel)
         if len(block) == 0:
             continue
-        for j in range(NUM_CAT):
-            counters[j].add(block.cats[:, j])
-        for c, (a, b) in zip(cross_counters, cross_idx):
-            c.add(_cross_key(block.cats[:, a], block.cats[:, b]))
+        for counter, values in zip(counters, _slot_values(block, feature_cross)):
+            counter.add(values)
         d = _dense(block)
         dmin = np.minimum(dmin, d.min(axis=0))
         dmax = np.maximum(dmax, d.max(axis=0))
-    vocabs = [c.frequent(freq_threshold, exclude=lambda k: k == MISSING_HEX) for c in counters]
-    vocabs += [c.frequent(freq_threshold, exclude=_cross_has_missing) for c in cross_counters]
-    del counters, cross_counters
+    vocabs = [c.frequent(freq_threshold, exclude=_slot_exclude(k)) for k, c in enumerate(counters)]
+    del counters
     import pandas as pd
     lookups = [pd.Index(v) for v in vocabs]
-    slot_sizes = [len(v) + 1 for v in vocabs]
-    offsets = np.concatenate([[0], np.cumsum(slot_sizes)[:-1]]).astype(np.int64)
-    columns = CAT_COLUMNS + ([f"{a}_{b}" for a, b in CROSSES] if feature_cross else [])
+    slot_sizes, offsets = _layout(vocabs)
     dmin = np.where(np.isfinite(dmin), dmin, 0.0)
     dmax = np.where(np.isfinite(dmax), dmax, 0.0)
-
-    schema = pa.schema([(LABEL, pa.float32())] + [(c, pa.float32()) for c in INT_COLUMNS]
-                       + [(c, pa.int64()) for c in columns])
+    schema = _schema(columns)
     dst = Path(dst)
     files = {name: [] for name in SPLIT_NAMES}
     rows = {name: 0 for name in SPLIT_NAMES}
@@ -899,22 +967,9 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
         rows_in_file = {name: 0 for name in SPLIT_NAMES}
         try:
             for block in stream("ETL pass 2/2 (write)", errors2):
-                dense = _dense(block)
-                if normalize_dense:
-                    span = np.where(dmax > dmin, dmax - dmin, 1.0)
-                    dense = np.clip((dense - dmin) / span, 0.0, 1.0)
-                cols = {LABEL: block.label.astype(np.float32)}
-                for j, c in enumerate(INT_COLUMNS):
-                    cols[c] = dense[:, j].astype(np.float32)
-                for j, c in enumerate(CAT_COLUMNS):
-                    cols[c] = _encode(block.cats[:, j], lookups[j]) + offsets[j]
-                if feature_cross:
-                    for k, (a, b) in enumerate(cross_idx):
-                        key = _cross_key(block.cats[:, a], block.cats[:, b])
-                        cols[columns[NUM_CAT + k]] = (_encode(key, lookups[NUM_CAT + k])
-                                                      + offsets[NUM_CAT + k])
+                table = _encode_block(block, lookups, offsets, dmin, dmax, normalize_dense,
+                                      feature_cross, schema)
                 which = np.searchsorted(bounds, block.line, side="right") - 1
-                table = pa.table(cols, schema=schema)
                 for s, name in enumerate(SPLIT_NAMES):
                     sel = np.flatnonzero(which == s)
                     if len(sel) == len(block):
@@ -936,13 +991,9 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
         slot_info = {"slot_size_array": slot_sizes, "columns": columns,
                      "offsets": offsets.tolist()}
         (tmp / "slot_size_array.json").write_text(json.dumps(slot_info, indent=1))
-        meta = dict(slot_info, source=[str(p) for p in paths], lines=total_lines,
-                    split_lines=dict(zip(SPLIT_NAMES, counts)), rows=rows,
-                    label=LABEL, dense=INT_COLUMNS, normalize_dense=normalize_dense,
-                    feature_cross=feature_cross, freq_threshold=int(freq_threshold),
-                    dense_log_min=dmin.tolist(), dense_log_max=dmax.tolist(),
-                    malformed=len(errors2), seconds=seconds,
-                    files={k: [str(Path(p).relative_to(dst)) for p in v] for k, v in files.items()})
+        meta = _metadata(slot_info, paths, total_lines, counts, rows, normalize_dense,
+                         feature_cross, freq_threshold, dmin, dmax, len(errors2), seconds,
+                         {k: [str(Path(p).relative_to(dst)) for p in v] for k, v in files.items()})
         (tmp / "metadata.json").write_text(json.dumps(meta, indent=1))
     if errors2:
         shown = "; ".join(f"{p}:{l}: {r}" for p, l, r in errors2[:3])
