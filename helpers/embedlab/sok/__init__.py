@@ -5,7 +5,8 @@ data parallel; keys travel to the worker that owns their row and come back as ve
 EmbedLab's compiled kernels doing the routing and the lookups.
 
 The recommended API: `init`, `Variable`, `DynamicVariable`, `lookup_sparse`,
-`all2all_dense_embedding`, `OptimizerWrapper`, `export` / `assign`, `dump` / `load`.
+`all2all_dense_embedding`, `OptimizerWrapper`, `SGD`, `filter_variables`, `export` / `assign`,
+`dump` / `load`, `tf_version`. SOK's Horovod calls: `embedlab.sok.horovod`.
 The first-generation API (SOK's getting-started guide): `Init`, `DistributedEmbedding`,
 `All2AllDenseEmbedding`, `split_embedding_variable_from_others`, `OptimizerScope`, `Saver`.
 Start N local workers with `python -m embedlab.sok.launch -n N script.py`.
@@ -20,18 +21,18 @@ import importlib as _importlib
 
 # public name -> the submodule that defines it
 _NAMES = {
-    "context": "_context", "init": "_context", "num_workers": "_context", "rank": "_context",
+    "context": "_context", "init": "_context", "num_workers": "_context", "rank": "_context", "tf_version": "_context",
     "assign": "checkpoint", "dump": "checkpoint", "export": "checkpoint", "gather": "checkpoint", "load": "checkpoint",
     "DynamicVariable": "dynamic",
     "All2AllDenseEmbedding": "legacy", "DistributedEmbedding": "legacy", "Init": "legacy", "OptimizerScope": "legacy",
     "Saver": "legacy", "split_embedding_variable_from_others": "legacy",
     "all2all_dense_embedding": "lookup", "lookup_sparse": "lookup",
-    "OptimizerWrapper": "optimizer",
+    "OptimizerWrapper": "optimizer", "SGD": "optimizer", "filter_variables": "optimizer",
     "Variable": "variable",
 }
 
 __all__ = ["init", "context", "rank", "num_workers", "Variable", "DynamicVariable", "lookup_sparse",
-           "all2all_dense_embedding", "OptimizerWrapper", "dump", "load", "export", "assign", "gather", "exchange",
+           "all2all_dense_embedding", "OptimizerWrapper", "SGD", "filter_variables", "tf_version", "dump", "load", "export", "assign", "gather", "exchange",
            "Init", "DistributedEmbedding", "All2AllDenseEmbedding", "split_embedding_variable_from_others",
            "OptimizerScope", "Saver"]
 

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 
 import tensorflow as tf
+
+# SOK's `sok.tf_version`: TensorFlow's version as integers, e.g. [2, 21, 0]
+tf_version = [int(x) for x in re.findall(r"\d+", tf.__version__)[:3]]
 
 # Our collectives use their own group key, apart from the ones the strategy allocates (1, 2, ...).
 GROUP_KEY = 0x50C5
@@ -43,10 +47,17 @@ def _make_strategy(timeout: float):
     return tf.distribute.get_strategy()
 
 
-def init(strategy: tf.distribute.Strategy | None = None, timeout: float | None = None) -> Context:
+def init(comm_tool="horovod", use_legacy_optimizer=True, strategy: tf.distribute.Strategy | None = None,
+         timeout: float | None = None) -> Context:
     """Sets up embedlab.sok for this process (idempotent) and returns its context.
 
     Args:
+        comm_tool: SOK's argument. "horovod" (SOK's default and only tool): the workers of the
+            job, i.e. the strategy below. Any other string (SOK's tests pass "single"): no
+            communication, one worker in this process, whatever TF_CONFIG says. A
+            `tf.distribute.Strategy` here is taken as `strategy`.
+        use_legacy_optimizer: SOK's argument; Keras 3 has no legacy optimizers, so it changes
+            nothing (as in SOK, whose switch to them does nothing under Keras 3).
         strategy: the strategy to run under. Default: the one whose scope is active, else a
             MultiWorkerMirroredStrategy built from TF_CONFIG, else the default (one worker).
         timeout: seconds one collective waits for the other workers before failing
@@ -56,6 +67,13 @@ def init(strategy: tf.distribute.Strategy | None = None, timeout: float | None =
         the Context (rank, world_size, strategy, device).
     """
     global _ctx
+    if isinstance(comm_tool, tf.distribute.Strategy):
+        comm_tool, strategy = "horovod", comm_tool
+    if not isinstance(comm_tool, str):
+        raise ValueError(f"embedlab.sok.init: comm_tool must be a string (e.g. 'horovod') or a strategy, "
+                         f"got {comm_tool!r}")
+    if comm_tool != "horovod" and strategy is None and _ctx is None:
+        strategy = tf.distribute.get_strategy()
     with _lock:
         timeout = _timeout_default() if timeout is None else float(timeout)
         if strategy is None:

@@ -17,7 +17,7 @@ from tensorflow.python.ops import resource_variable_ops
 
 from . import _context
 
-__all__ = ["OptimizerWrapper", "local_variable_scope"]
+__all__ = ["OptimizerWrapper", "SGD", "filter_variables", "local_variable_scope"]
 
 
 def _local_creator(next_creator, **kwargs):
@@ -121,6 +121,9 @@ class OptimizerWrapper:
     def _local_update(self, grads, variables, learning_rate):
         variables = [v.value if isinstance(v, keras.Variable) else v for v in variables]
         sync = [op for v in variables if getattr(v, "is_dynamic", False) for op in v.sync_companions()]
+        # A DynamicVariable is read and written by key; its gradients index its storage rows,
+        # so the update runs on `storage` (the same memory, by position).
+        variables = [v.storage if getattr(v, "is_dynamic", False) else v for v in variables]
         with tf.control_dependencies(sync):
             self._local_update_now(grads, variables, learning_rate)
 
@@ -141,6 +144,7 @@ class OptimizerWrapper:
             return
         for v in variables:
             v = v.value if isinstance(v, keras.Variable) else v
+            v = v.storage if getattr(v, "is_dynamic", False) else v
             if self._opt._use_weight_decay(v):
                 lr = tf.cast(self._opt.learning_rate, v.dtype)
                 v.assign_sub(v * tf.cast(self._opt.weight_decay, v.dtype) * lr)
@@ -178,3 +182,38 @@ class OptimizerWrapper:
         if not pairs:
             return
         return self._opt.apply([g for g, _ in pairs], [v for _, v in pairs])
+
+
+class SGD:
+    """SOK's own sparse SGD (`sok.SGD(lr)`): `v -= lr * g` on the rows a gradient touches.
+
+    Args:
+        lr: the learning rate (kept in a `tf.Variable`, `self.lr`, which may be assigned).
+
+    `apply_gradients(zip(grads, vars))` updates embedlab.sok variables (and plain ones) locally,
+    like `OptimizerWrapper(keras.optimizers.SGD(lr))`, which it is.
+    """
+
+    def __init__(self, lr):
+        self._wrapper = OptimizerWrapper(keras.optimizers.SGD(learning_rate=float(lr)))
+
+    @property
+    def lr(self):
+        return self._wrapper.learning_rate
+
+    @property
+    def learning_rate(self):
+        return self._wrapper.learning_rate
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        return self._wrapper.apply_gradients(grads_and_vars)
+
+
+def filter_variables(vars):
+    """(embedlab.sok variables, the others) of a list of variables, as SOK's `filter_variables`:
+    the first go to an `OptimizerWrapper` / `sok.SGD`, the others to a Keras optimizer."""
+    from .variable import is_sok_variable
+    sok_vars, other_vars = [], []
+    for v in vars:
+        (sok_vars if is_sok_variable(v) else other_vars).append(v)
+    return sok_vars, other_vars

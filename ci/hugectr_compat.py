@@ -1,0 +1,401 @@
+#!/usr/bin/env python3
+"""Runs HugeCTR's own SparseOperationKit tests and examples against embedlab.sok.
+
+    python ci/hugectr_compat.py --repo /path/to/HugeCTR              # a git clone (or bare mirror)
+    python ci/hugectr_compat.py --repo R --suite function -k dump_load --timeout 300
+    python ci/hugectr_compat.py --repo R --list                         # what would run, and the edits
+    python ci/hugectr_compat.py --checkout /path/to/HugeCTR/work/tree   # one version, the files as they are
+
+Suites (from the repository's tags, read with `git show`, nothing checked out):
+
+* `function`: `sparse_operation_kit/.../test/function_test/tf2/**.py` at every tag from v23.02.00
+  to v25.03.00 (`--tags`); a file identical at several tags (same git blob) runs once, labelled
+  with the tags that hold it.
+* `examples`: `sparse_operation_kit/sparse_operation_kit/experiment/examples/**.py` at v23.09.00.
+* `unit`: the commands of `sparse_operation_kit/unit_test/test_scripts/tf2/script.sh` at v23.09.00
+  (SOK's first-generation API), each run in a copy of that folder.
+
+Each test is copied into a fresh temporary folder and changed by exactly the substitutions in
+`SUBSTITUTIONS` (imports -> embedlab.sok, `horovod.tensorflow` -> `embedlab.sok.horovod`, GPU
+sizes -> CPU sizes; every one applied is printed with its file and line, so anyone can audit
+that no assertion was touched), then run with `python -m embedlab.sok.launch -n N` in place of
+`horovodrun -np N` / `mpiexec -np N` (N = `--workers`, 2 by default; a plain `python3 x.py` of
+script.sh runs as one process). The result is a table: test, tags, PASS / FAIL / TIMEOUT and
+the last error line; `--json` writes it, `--logs` keeps every test's output.
+
+This is not part of CI: CI has no HugeCTR copy (fetch one with
+`git clone https://github.com/NVIDIA-Merlin/HugeCTR`). Run it with the project's virtualenv
+(`.venv/bin/python ci/hugectr_compat.py ...`) after `make setup`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SOK = "sparse_operation_kit"
+FUNCTION_RE = re.compile(r"^sparse_operation_kit/sparse_operation_kit/(experiment/)?test/function_test/tf2/(.+\.py)$")
+EXAMPLES_RE = re.compile(r"^sparse_operation_kit/sparse_operation_kit/experiment/examples/(.+\.py)$")
+UNIT_DIR = "sparse_operation_kit/unit_test/test_scripts/tf2/"
+DEFAULT_TAGS = "v23.02.00..v25.03.00"
+ONE_TAG = "v23.09.00"
+
+# (pattern, replacement, why). Patterns match whole lines (re.M) or script.sh arguments; they
+# name imports, the launcher and sizes only. Assertions and the code between are never edited.
+SUBSTITUTIONS = [
+    # imports
+    (r"^(\s*)import sparse_operation_kit as sok\s*$", r"\1import embedlab.sok as sok", "import"),
+    (r"^(\s*)from sparse_operation_kit import experiment as sok\s*$", r"\1import embedlab.sok as sok", "import"),
+    (r"^(\s*)import sparse_operation_kit\.experiment as sok\s*$", r"\1import embedlab.sok as sok", "import"),
+    (r"^(\s*)import horovod\.tensorflow as hvd\s*$", r"\1import embedlab.sok.horovod as hvd", "import (horovod shim)"),
+    # GPU sizes -> CPU sizes (2 cores): fewer steps, smaller batches and tables
+    (r"^(\s*)iters = 100\s*$", r"\1iters = 10", "CPU size"),
+    (r"^(\s*)batch_size = 8192\s*$", r"\1batch_size = 1024", "CPU size"),
+    (r"^(\s*)batch_size = 65536\s*$", r"\1batch_size = 4096", "CPU size"),
+    (r"^(\s*)rows = \[65536 \* 10, 65536\]\s*$", r"\1rows = [8192 * 10, 8192]", "CPU size"),
+    (r"^(\s*)rows = \[65536\] \* gpu_num\s*$", r"\1rows = [8192] * gpu_num", "CPU size"),
+    (r"^(\s*)rows = \[819200 \* 5 \* 10, 8192\]\s*$", r"\1rows = [8192 * 5 * 10, 8192]", "CPU size"),
+    (r"^(\s*)rows = \[8192 \* 2048, 8192 \* 8192\]\s*$", r"\1rows = [8192 * 2, 8192 * 8]", "CPU size"),
+    (r"^(\s*)vocab_size = 1023 \* 1024 \* 2\s*$", r"\1vocab_size = 1023 * 16 * 2", "CPU size"),
+    (r"^(\s*)(init|max)_capacity=1024 \* 1024,\s*$", r"\1\2_capacity=1024 * 64,", "CPU size"),
+    (r"^(\s*)for i in range\(100\):\s*$", r"\1for i in range(10):", "CPU size (steps)"),
+    (r"^(\s*)batch = 8192\s*$", r"\1batch = 1024", "CPU size"),
+    (r"init_capacity=1024 \* 512, max_capacity=1024 \* 512", "init_capacity=1024 * 256, max_capacity=1024 * 256",
+     "CPU size"),
+]
+# script.sh arguments of the unit suite (GPU sizes -> CPU sizes)
+ARG_SUBSTITUTIONS = [
+    (r"^--iter_num=\d+$", "--iter_num=10", "CPU size"),
+    (r"^--global_batch_size=65536$", "--global_batch_size=1024", "CPU size"),
+    (r"^--gpu_num=\d+$", "--gpu_num=1", "one CPU device per process"),
+]
+
+
+@dataclasses.dataclass
+class Case:
+    suite: str
+    name: str                  # path inside the suite
+    tags: list                 # tags holding this version
+    files: dict                # relative path -> text (everything copied into the folder)
+    script: str                # the file to run
+    args: list = dataclasses.field(default_factory=list)
+    workers: int | None = None  # None: --workers; 0: a plain `python x.py`, no launcher; n: launch -n n
+    note: str = ""
+    edits: list = dataclasses.field(default_factory=list)
+    result: str = ""
+    reason: str = ""
+    seconds: float = 0.0
+
+    @property
+    def label(self):
+        return f"{self.suite}/{self.name}" + (f" {' '.join(self.args)}" if self.args else "")
+
+
+def _git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _tags(repo, spec):
+    all_tags = sorted((t for t in _git(repo, "tag").split() if re.fullmatch(r"v\d+\.\d+\.\d+", t)),
+                      key=lambda t: tuple(int(x) for x in t[1:].split(".")))
+    if ".." in spec:
+        lo, hi = spec.split("..")
+        key = lambda t: tuple(int(x) for x in t[1:].split("."))  # noqa: E731
+        out = [t for t in all_tags if key(lo) <= key(t) <= key(hi)]
+    else:
+        out = [t for t in spec.split(",") if t]
+    missing = [t for t in out if t not in all_tags]
+    if missing or not out:
+        raise SystemExit(f"hugectr_compat: tags {missing or spec} not in {repo} (it has {', '.join(all_tags)})")
+    return out
+
+
+def _tree(repo, tag):
+    """[(blob sha, path)] of a tag."""
+    rows = []
+    for line in _git(repo, "ls-tree", "-r", tag).splitlines():
+        meta, path = line.split("\t", 1)
+        _, kind, sha = meta.split()
+        if kind == "blob":
+            rows.append((sha, path))
+    return rows
+
+
+def _blob(repo, sha) -> str:
+    return _git(repo, "cat-file", "-p", sha)
+
+
+def _span(tags, order):
+    """'v23.02.00..v23.08.00 (5 tags)' or the list when not consecutive."""
+    idx = sorted(order.index(t) for t in tags)
+    if idx == list(range(idx[0], idx[-1] + 1)) and len(idx) > 2:
+        return f"{order[idx[0]]}..{order[idx[-1]]}"
+    return ",".join(order[i] for i in idx)
+
+
+RUN_SCRIPT_RE = re.compile(r"^sparse_operation_kit/sparse_operation_kit/(experiment/)?test/function_test/run_[^/]*\.sh$")
+
+
+def _run_modes(repo, tag, tree):
+    """{'lookup/x.py': workers} from the tag's function_test/run_*.sh: `python x.py` -> 0 (a plain
+    process, no launcher), `horovodrun -np 1` -> 1, `horovodrun -np ${task_num}` -> None (--workers)."""
+    modes = {}
+    for sha, path in tree:
+        if not RUN_SCRIPT_RE.match(path):
+            continue
+        cwd = ""
+        for line in _blob(repo, sha).splitlines():
+            line = line.strip()
+            commented = line.startswith("#")
+            line = line.lstrip("#").strip()
+            m = re.match(r"^cd\s+(\S+)", line)
+            if m and m.group(1) not in ("tf1", "tf2", ".."):
+                cwd = m.group(1)
+                continue
+            m = re.search(r"(?:horovodrun\s+-np\s+(\S+)\s+)?python3?\s+(\S+\.py)", line)
+            if m and cwd:
+                np_ = m.group(1)
+                mode = 0 if np_ is None else (1 if np_ == "1" else None)
+                modes.setdefault(f"{cwd}/{m.group(2)}", []).append((commented, mode))
+    # a live line wins over a commented-out one
+    return {k: sorted(v, key=lambda x: x[0])[0] for k, v in modes.items()}
+
+
+def discover_function(repo, tags):
+    versions = {}   # sha -> Case
+    for tag in tags:
+        tree = _tree(repo, tag)
+        modes = _run_modes(repo, tag, tree)
+        for sha, path in tree:
+            m = FUNCTION_RE.match(path)
+            if not m:
+                continue
+            rel = m.group(2)
+            c = versions.get(sha)
+            if c is None:
+                c = versions[sha] = Case("function", rel, [tag], {Path(rel).name: _blob(repo, sha)}, Path(rel).name)
+                if rel in modes:
+                    commented, c.workers = modes[rel]
+                    if commented:
+                        c.note = f"commented out in {tag}'s run scripts"
+                else:   # one process, as their task_num's default, through the launcher if it uses Horovod
+                    c.workers = 1 if "hvd.init()" in c.files[c.script] else 0
+                    c.note = f"not in {tag}'s run scripts"
+            else:
+                c.tags.append(tag)
+    return sorted(versions.values(), key=lambda c: (c.name, tags.index(c.tags[0])))
+
+
+def discover_examples(repo, tag):
+    seen = {}
+    for sha, path in _tree(repo, tag):
+        m = EXAMPLES_RE.match(path)
+        if not m:
+            continue
+        if sha in seen:                   # examples/examples/ holds copies of the same files
+            seen[sha].name += f" (= {m.group(1)})"
+            continue
+        seen[sha] = Case("examples", m.group(1), [tag], {Path(path).name: _blob(repo, sha)}, Path(path).name)
+    return sorted(seen.values(), key=lambda c: c.name)
+
+
+def _script_commands(text):
+    """The commands of script.sh, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\s*\n", " ", text)
+    cmds = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        toks = shlex.split(line)
+        if "python3" in toks or "python" in toks:
+            cmds.append(toks)
+    return cmds
+
+
+def discover_unit(repo, tag):
+    files = {}
+    for sha, path in _tree(repo, tag):
+        if path.startswith(UNIT_DIR) and "/" not in path[len(UNIT_DIR):]:
+            files[path[len(UNIT_DIR):]] = _blob(repo, sha)
+    cases = []
+    for toks in _script_commands(files.get("script.sh", "")):
+        i = toks.index("python3") if "python3" in toks else toks.index("python")
+        launcher, script, args = toks[:i], toks[i + 1], toks[i + 2:]
+        if script.startswith("-c") or not script.endswith(".py"):
+            continue
+        multi = any(t in ("horovodrun", "mpiexec", "mpirun") for t in launcher)
+        cases.append(Case("unit", script, [tag], files, script, list(args), None if multi else 0))
+    return cases
+
+
+def discover_checkout(tree: Path):
+    cases = []
+    base = tree / SOK / SOK
+    for sub in ("test/function_test/tf2", "experiment/test/function_test/tf2"):
+        for p in sorted((base / sub).rglob("*.py")):
+            rel = str(p.relative_to(base / sub))
+            cases.append(Case("function", rel, ["checkout"], {p.name: p.read_text()}, p.name))
+    return cases
+
+
+def substitute(case):
+    """Applies SUBSTITUTIONS to every .py file of the case; records each edit."""
+    for fname, text in list(case.files.items()):
+        if not fname.endswith(".py"):
+            continue
+        lines = text.splitlines(keepends=True)
+        for n, line in enumerate(lines):
+            body = line.rstrip("\n")
+            for pat, rep, why in SUBSTITUTIONS:
+                new = re.sub(pat, rep, body)
+                if new != body:
+                    case.edits.append((fname, n + 1, body.strip(), new.strip(), why))
+                    body = new
+            lines[n] = body + ("\n" if line.endswith("\n") else "")
+        case.files[fname] = "".join(lines)
+    args = []
+    for a in case.args:
+        new = a
+        for pat, rep, why in ARG_SUBSTITUTIONS:
+            if re.match(pat, new):
+                case.edits.append(("script.sh", 0, a, rep, why))
+                new = rep
+        args.append(new)
+    case.args = args
+
+
+def run_case(case, workers, timeout, python, logs: Path | None):
+    with tempfile.TemporaryDirectory(prefix="hugectr_compat_") as tmp:
+        for fname, text in case.files.items():
+            (Path(tmp) / fname).write_text(text)
+        cmd = _command(case, workers, timeout, python)
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout + 30,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            out, code = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out, code = (e.stdout or "") + (e.stderr or ""), None
+            out = out.decode() if isinstance(out, bytes) else out
+        case.seconds = time.monotonic() - t0
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{case.label}_{case.tags[0]}")
+        (logs / f"{safe}.log").write_text(f"$ {' '.join(cmd)}\n{out}")
+    if code == 0:
+        case.result = "PASS"
+    elif code is None or code == 3 and "job timeout" in out:
+        case.result, case.reason = "TIMEOUT", f"over {timeout:g} s"
+    else:
+        case.result = "FAIL"
+        case.reason = _reason(out)
+
+
+def _command(case, workers, timeout, python):
+    if case.workers == 0:
+        return [python, case.script, *case.args]
+    n = workers if case.workers is None else case.workers
+    return [python, "-m", "embedlab.sok.launch", "-n", str(n), "--timeout", str(timeout), case.script, *case.args]
+
+
+def _how(case, workers):
+    if case.workers == 0:
+        return "python (one process, as HugeCTR's script)"
+    return f"launch -n {workers if case.workers is None else case.workers}"
+
+
+def _reason(out: str) -> str:
+    """The error line that explains a failure (the last exception line of any rank)."""
+    pat = re.compile(r"^(\[rank \d+\] )?(\w+(\.\w+)*(Error|Exception|Exit)\b.*|AssertionError.*)$")
+    lines = [ln.strip() for ln in out.splitlines()]
+    hits = [ln for ln in lines if pat.match(ln.replace("    ", "").strip())]
+    if hits:
+        return re.sub(r"^\[rank \d+\] ", "", hits[-1])[:300]
+    tail = [ln for ln in lines if ln]
+    return (tail[-1] if tail else "no output")[:300]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--repo", help="a HugeCTR git clone or bare mirror (its tags are read)")
+    src.add_argument("--checkout", help="a HugeCTR work tree: its function tests as they are")
+    ap.add_argument("--suite", default="function,examples,unit", help="function, examples, unit (comma-separated)")
+    ap.add_argument("--tags", default=DEFAULT_TAGS, help=f"function suite tags: A..B or a list (default {DEFAULT_TAGS})")
+    ap.add_argument("--tag", default=ONE_TAG, help=f"examples and unit suite tag (default {ONE_TAG})")
+    ap.add_argument("-k", dest="pattern", help="only tests whose label contains this")
+    ap.add_argument("--workers", type=int, default=2, help="workers per multi-process test (default 2)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per test (default 600)")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter with embedlab installed")
+    ap.add_argument("--list", action="store_true", help="print the tests and their edits; run nothing")
+    ap.add_argument("--logs", help="folder for every test's output")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+
+    suites = [s.strip() for s in a.suite.split(",") if s.strip()]
+    bad = [s for s in suites if s not in ("function", "examples", "unit")]
+    if bad:
+        ap.error(f"unknown suite(s) {bad}")
+    cases = []
+    if a.checkout:
+        cases = discover_checkout(Path(a.checkout))
+        order = ["checkout"]
+    else:
+        repo = Path(a.repo)
+        if not (repo / ".git").exists() and not (repo / "HEAD").exists():
+            ap.error(f"{repo} is not a git repository")
+        order = _tags(repo, a.tags)
+        if "function" in suites:
+            cases += discover_function(repo, order)
+        if "examples" in suites:
+            cases += discover_examples(repo, a.tag)
+        if "unit" in suites:
+            cases += discover_unit(repo, a.tag)
+        order = sorted(set(order) | {a.tag}, key=lambda t: tuple(int(x) for x in t[1:].split(".")))
+    if a.pattern:
+        cases = [c for c in cases if a.pattern in c.label]
+    if not cases:
+        raise SystemExit("hugectr_compat: no tests matched")
+
+    for c in cases:
+        substitute(c)
+    print(f"{len(cases)} tests. Substitutions (file:line  old  ->  new  [why]):")
+    for c in cases:
+        print(f"== {c.label}  [{_span(c.tags, order)}]  run: {_how(c, a.workers)}{'  (' + c.note + ')' if c.note else ''}")
+        for f, n, old, new, why in c.edits:
+            print(f"   {f}:{n}  {old}  ->  {new}  [{why}]")
+    if a.list:
+        return 0
+
+    logs = Path(a.logs) if a.logs else None
+    for i, c in enumerate(cases):
+        print(f"[{i + 1}/{len(cases)}] {c.label} [{_span(c.tags, order)}] ...", end=" ", flush=True)
+        run_case(c, a.workers, a.timeout, a.python, logs)
+        print(f"{c.result} ({c.seconds:.0f} s){' ' + c.reason if c.reason else ''}", flush=True)
+
+    print("\n| test | tags | run | result | reason |\n|---|---|---|---|---|")
+    for c in cases:
+        how = "python" if c.workers == 0 else f"-n {a.workers if c.workers is None else c.workers}"
+        print(f"| {c.label} | {_span(c.tags, order)} | {how} | {c.result} | {c.reason.replace('|', '/')} |")
+    counts = {r: sum(c.result == r for c in cases) for r in ("PASS", "FAIL", "TIMEOUT")}
+    print(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['TIMEOUT']} timed out, of {len(cases)}")
+    if a.json:
+        Path(a.json).write_text(json.dumps([{"suite": c.suite, "test": c.name, "args": c.args, "tags": c.tags,
+                                             "run": _how(c, a.workers), "note": c.note, "result": c.result, "reason": c.reason, "seconds": round(c.seconds, 1),
+                                             "edits": c.edits} for c in cases], indent=1))
+    return 0 if counts["PASS"] == len(cases) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
