@@ -92,18 +92,18 @@ class _Chunk:
 # --------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def local_client(n_workers: int | None = None, *, memory_limit="auto", dashboard: bool = True):
+def local_client(n_workers: int | None = None, *, memory_limit="auto"):
     """A `LocalCluster` on 127.0.0.1 and a `Client` to it, both closed on exit.
 
     One worker process per core by default, one thread each (the ETL's NumPy / pyarrow work
-    holds the GIL in places; processes scale, threads would not). The dashboard, when on,
-    listens on a free port of 127.0.0.1 (`client.dashboard_link`).
+    holds the GIL in places; processes scale, threads would not). The scheduler's HTTP server
+    (the dashboard, with bokeh installed) listens on a free port of 127.0.0.1
+    (`client.dashboard_link`).
 
     Args:
         n_workers: worker processes (default `os.cpu_count()`).
         memory_limit: per worker, as `LocalCluster` takes it ("auto": the machine's memory
             shared equally).
-        dashboard: start the Dask dashboard (needs bokeh).
 
     Returns:
         A context manager yielding the `distributed.Client`.
@@ -119,7 +119,7 @@ def local_client(n_workers: int | None = None, *, memory_limit="auto", dashboard
         raise ValueError(f"local_client: n_workers must be >= 1, got {n_workers}")
     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                            host="127.0.0.1",
-                           dashboard_address="127.0.0.1:0" if dashboard else None,
+                           dashboard_address="127.0.0.1:0",
                            memory_limit=memory_limit, silence_logs=logging.ERROR)
     try:
         client = Client(cluster)
@@ -519,6 +519,7 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
     with bar("ETL lines (count)") as b:
         nlines = _gather(c, per_chunk("count", _count_task, lambda ch: (ch,)), chunks_of, b,
                          weights)
+    phase = {"count": time.perf_counter() - t0}
     first_in_file, line_offset, file_lines, off = [], [], {}, 0
     for ch, n in zip(chunks, nlines):
         seen = file_lines.get(ch.file, 0)
@@ -553,6 +554,7 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
     with bar("ETL pass 1/2 (count)") as b:
         _gather(c, stats, chunks_of, b, weights, fetch=False)
     errors1 = _gather(c, errs, chunks_of)
+    phase["pass1"] = time.perf_counter() - t0 - sum(phase.values())
     if on_error == "fail":
         for ch, (n_bad, bad) in zip(train_chunks, errors1):
             if n_bad:
@@ -569,6 +571,7 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
     # their recipe, to recompute the vocabularies if every copy of them is lost).
     del stats, layer, errs
     futures.clear()
+    phase["merge_vocab"] = time.perf_counter() - t0 - sum(phase.values())
     slot_sizes = [int(x) for x in summary["slot_sizes"]]
     offsets = np.asarray(summary["offsets"], np.int64)
     dmin, dmax = summary["dmin"], summary["dmax"]
@@ -584,6 +587,7 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
             lambda ch: (ch, first_in_file[ch.index], nlines[ch.index], line_offset[ch.index],
                         bounds, vocab, options, out_fs, tmp, width)), chunks_of, b, weights)
     futures.clear()
+    phase["pass2"] = time.perf_counter() - t0 - sum(phase.values())
     malformed = sum(w["malformed"] for w in written)
     errors2 = [e for w in written for e in w["errors"]]
     if on_error == "fail" and malformed:
@@ -612,7 +616,8 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
                             feature_cross, freq_threshold, dmin, dmax, malformed, seconds,
                             rel_files)
     meta["dask"] = {"workers": len(c.scheduler_info()["workers"]), "chunks": len(chunks),
-                    "chunk_bytes": max((ch.end - ch.start for ch in chunks), default=0)}
+                    "chunk_bytes": max((ch.end - ch.start for ch in chunks), default=0),
+                    "merge_levels": level, "phase_seconds": phase}
     with out_fs.open(f"{tmp}/slot_size_array.json", "w") as f:
         f.write(json.dumps(slot_info, indent=1))
     with out_fs.open(f"{tmp}/metadata.json", "w") as f:

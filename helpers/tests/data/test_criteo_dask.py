@@ -1,0 +1,260 @@
+"""embedlab.data.criteo_dask: the Criteo ETL on a Dask cluster gives the single-process output.
+
+Clusters are real: LocalClusters of 1, 2 and 3 worker processes on 127.0.0.1, and a scheduler
+and two workers started from the command line (`dask scheduler`, `dask worker`), the way one
+starts them on several machines. A worker killed mid-run (SIGKILL to its process) is retried
+by Dask with identical output; with retries switched off the run fails naming the chunk and
+leaves nothing behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedlab.data import criteo, criteo_dask
+
+pytestmark = pytest.mark.filterwarnings("ignore:preprocess skipped")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _table(res, split):
+    return pa.concat_tables([pq.read_table(f) for f in res.files[split]])
+
+
+def assert_same_output(a, b):
+    """Same vocabularies (slot sizes, offsets), dense ranges, metadata and rows, row for row."""
+    assert a.slot_size_array == b.slot_size_array
+    assert a.offsets == b.offsets and a.columns == b.columns
+    assert a.dense_min == b.dense_min and a.dense_max == b.dense_max
+    assert a.rows == b.rows
+    assert (a.malformed, a.errors) == (b.malformed, b.errors)
+    assert (Path(a.dst) / "slot_size_array.json").read_text() == \
+        (Path(b.dst) / "slot_size_array.json").read_text()
+    ma = json.loads((Path(a.dst) / "metadata.json").read_text())
+    mb = json.loads((Path(b.dst) / "metadata.json").read_text())
+    for k in ma:
+        if k not in ("seconds", "files", "source"):
+            assert ma[k] == mb[k], k
+    for split in criteo.SPLIT_NAMES:
+        ta, tb = _table(a, split), _table(b, split)
+        assert ta.schema == tb.schema
+        assert ta.equals(tb), split
+    # The parts' sorted names are the row order too (what formats.parquet_files reads).
+    for split in criteo.SPLIT_NAMES:
+        assert b.files[split] == sorted(b.files[split])
+
+
+KW = dict(freq_threshold=3, row_group_rows=1000, on_error="skip", progress=False)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, fresh_seed):
+    """Two input files (12,000 generated lines; the second has a malformed line and no final
+    newline) and the single-process output over them."""
+    d = tmp_path_factory.mktemp("criteo_dask")
+    full = criteo.generate(d / "all.txt", rows=12_000, seed=fresh_seed, progress=False)
+    lines = full.read_bytes().splitlines(keepends=True)
+    a, b = d / "a.txt", d / "b.txt"
+    a.write_bytes(b"".join(lines[:7_000]))
+    rest = lines[7_000:]
+    rest[1_234] = b"1\tnot-a-number" + rest[1_234][rest[1_234].index(b"\t", 2):]
+    b.write_bytes(b"".join(rest)[:-1])
+    ref = criteo.preprocess([a, b], d / "single", **KW)
+    assert ref.malformed == 1
+    return d, [a, b], ref
+
+
+# ----------------------------------------------------------------------------- chunks
+
+def test_byte_ranges_own_every_line_once(tmp_path, rng):
+    """Every line is read by exactly one chunk, whatever the chunk size, CRLF or no final newline."""
+    from fsspec.implementations.local import LocalFileSystem
+    lines = [b"x" * int(n) + (b"\r\n" if rng.random() < 0.3 else b"\n")
+             for n in rng.integers(0, 30, 200)]
+    for tail in (b"", b"last line without newline"):
+        p = tmp_path / "f.txt"
+        data = b"".join(lines) + tail
+        p.write_bytes(data)
+        want = data.splitlines(keepends=True)
+        for size in [1, 2, 3, 7, 31, 64, 1000, len(data)]:
+            urls, chunks = criteo_dask._plan(str(p), size)
+            assert isinstance(chunks[0].fs, LocalFileSystem)
+            got = []
+            for ch in chunks:
+                n = criteo_dask._count_task(ch)
+                buf = criteo_dask._read_lines(ch, n).tobytes()
+                got.extend(buf.splitlines(keepends=True))
+            if tail:
+                want_n = want[:-1] + [tail + b"\n"]
+            else:
+                want_n = want
+            assert got == want_n, size
+
+
+def test_bad_arguments(inputs, tmp_path, monkeypatch):
+    d, paths, _ = inputs
+    monkeypatch.delenv(criteo_dask.SCHEDULER_ENV, raising=False)
+    with pytest.raises(TypeError, match="client"):
+        criteo.preprocess(paths, tmp_path / "x", client=42, progress=False)
+    with pytest.raises(FileNotFoundError, match="nope"):
+        criteo.preprocess(tmp_path / "nope.txt", tmp_path / "x", client="local", progress=False)
+    with pytest.raises(ValueError, match="no Dask cluster"):
+        with criteo_dask.resolve_client(None):
+            pass
+    assert not (tmp_path / "x").exists()
+
+
+# ----------------------------------------------------------------------------- LocalCluster
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"{n}workers")
+def local(request):
+    with criteo_dask.local_client(request.param) as client:
+        yield request.param, client
+
+
+@pytest.mark.parametrize("chunk_bytes", [150_000, 1 << 20])
+def test_identical_to_single_process(inputs, local, chunk_bytes, tmp_path):
+    d, paths, ref = inputs
+    n, client = local
+    res = criteo.preprocess(paths, tmp_path / "out", chunk_bytes=chunk_bytes, client=client, **KW)
+    assert_same_output(ref, res)
+    meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert meta["dask"]["workers"] == n
+    assert meta["dask"]["chunks"] > (2 if chunk_bytes == 1 << 20 else 10)
+    assert not [p for p in tmp_path.iterdir() if p.name != "out"]      # no temporary folder
+
+
+def test_malformed_line_fails_with_its_file_and_line(inputs, local, tmp_path):
+    d, paths, _ = inputs
+    n, client = local
+    if n != 2:
+        pytest.skip("one cluster size is enough for the error path")
+    with pytest.raises(criteo.CriteoFormatError) as e:
+        criteo.preprocess(paths, tmp_path / "out", freq_threshold=3, chunk_bytes=200_000,
+                          client=client, progress=False)
+    assert e.value.path == str(paths[1]) and e.value.line == 1_235
+    assert not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------- killed worker
+
+@pytest.fixture(scope="module")
+def big_input(tmp_path_factory, fresh_seed):
+    """60,000 lines in chunks of 4 MB: a pass-2 task runs long enough to be killed."""
+    d = tmp_path_factory.mktemp("criteo_dask_kill")
+    txt = criteo.generate(d / "day.txt", rows=60_000, seed=fresh_seed + 1, progress=False)
+    return txt, d
+
+def _kill_during_pass2(client, run, tmp_path):
+    """Run `run()` in a thread; SIGKILL the process of a worker while it runs a pass-2 task."""
+    pids = client.run(os.getpid)
+    out = {}
+
+    def target():
+        try:
+            out["res"] = run()
+        except BaseException as e:                         # noqa: BLE001 - reported below
+            out["err"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    killed = None
+    deadline = time.monotonic() + 120
+    while t.is_alive() and killed is None and time.monotonic() < deadline:
+        for addr, keys in client.processing().items():
+            if any(str(k).startswith("etl-pass2") for k in keys):
+                os.kill(pids[addr], signal.SIGKILL)
+                killed = pids[addr]
+                break
+        time.sleep(0.005)
+    t.join(300)
+    assert killed is not None, "the run ended before a pass-2 task could be caught running"
+    return out, killed
+
+
+def test_killed_worker_is_retried_with_identical_output(big_input, tmp_path):
+    txt, d = big_input
+    ref = criteo.preprocess(txt, d / "single", **KW)
+    with criteo_dask.local_client(2) as client:
+        out, killed = _kill_during_pass2(
+            client, lambda: criteo.preprocess(txt, tmp_path / "out", chunk_bytes=4 << 20,
+                                              client=client, **KW), tmp_path)
+        assert "err" not in out, out.get("err")
+        client.wait_for_workers(2, timeout=60)             # the nanny restarted it
+        assert killed not in client.run(os.getpid).values()
+    assert_same_output(ref, out["res"])
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_killed_worker_without_retries_names_the_chunk_and_leaves_nothing(big_input, tmp_path):
+    import dask
+    txt, d = big_input
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        with criteo_dask.local_client(2) as client:
+            out, _ = _kill_during_pass2(
+                client, lambda: criteo.preprocess(txt, tmp_path / "out", chunk_bytes=4 << 20,
+                                                  client=client, **KW), tmp_path)
+    err = out.get("err")
+    assert isinstance(err, criteo_dask.ChunkFailedError), out
+    assert "chunk" in str(err) and "bytes" in str(err) and "nothing was written" in str(err)
+    assert not list(tmp_path.iterdir())                    # no output, no temporary folder
+
+
+# ----------------------------------------------------------------------------- command line
+
+def test_command_line_scheduler_and_workers(inputs, tmp_path, monkeypatch):
+    """`dask scheduler` + two `dask worker` processes on 127.0.0.1, found through
+    EMBEDLAB_DASK_SCHEDULER with client=None; input and output as file:// URLs."""
+    d, paths, ref = inputs
+    dask_cli = str(Path(sys.executable).parent / "dask")
+    sched_file = tmp_path / "scheduler.json"
+    env = dict(os.environ, DASK_LOGGING__DISTRIBUTED="error")
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+    try:
+        deadline = time.monotonic() + 120
+        while not sched_file.exists():
+            assert procs[0].poll() is None, procs[0].stderr.read().decode()
+            assert time.monotonic() < deadline, "the scheduler did not start"
+            time.sleep(0.2)
+        time.sleep(0.2)
+        addr = json.loads(sched_file.read_text())["address"]
+        assert addr.startswith("tcp://127.0.0.1:")
+        for _ in range(2):
+            procs.append(subprocess.Popen(
+                [dask_cli, "worker", addr, "--nworkers", "1", "--nthreads", "1",
+                 "--host", "127.0.0.1", "--no-dashboard", "--local-directory", str(tmp_path)],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+        with Client(addr, timeout=60) as c:
+            c.wait_for_workers(2, timeout=120)
+        monkeypatch.setenv(criteo_dask.SCHEDULER_ENV, addr)
+        res = criteo.preprocess([f"file://{p}" for p in paths], f"file://{tmp_path}/out",
+                                chunk_bytes=300_000, **KW)
+        assert json.loads((tmp_path / "out" / "metadata.json").read_text())["dask"]["workers"] == 2
+        ref_errors = [(f"file://{p}", l, r) for p, l, r in ref.errors]
+        assert res.errors == ref_errors
+        res.errors = ref.errors
+        assert_same_output(ref, res)
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
