@@ -1,0 +1,290 @@
+"""sok.DynamicVariable is read and written BY KEY on every path, as SOK's is, and has SOK's
+public surface. One worker; every path in eager and in tf.function, with keys 0, small, 2**40,
+2**63-1, -1, duplicates and an empty key tensor. The paths that would need a dense,
+positional value raise NotImplementedError naming the path and what to use instead."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import embedlab.sok as sok
+from reference import seeded_rng
+
+BIG = 2**63 - 1
+KEYS = [0, 7, 2**40, BIG, -1, 7, 0]          # duplicates included; -1 is a key like any other here
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_worker():
+    sok.init()
+
+
+def _modes():
+    return [pytest.param(lambda f: f, id="eager"), pytest.param(tf.function, id="tf.function")]
+
+
+def _k(keys):
+    return tf.constant(np.asarray(keys, np.int64).reshape(np.shape(keys)), tf.int64)
+
+
+def _trained_like_the_issue():
+    """The issue's table: keys 5, 3, 100 trained with gradients 1, 2, 3 (SGD 1.0) from 0."""
+    v = sok.DynamicVariable(dimension=2, initializer="0", init_capacity=8)
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
+    ids = tf.ragged.constant([[5], [3], [100]], dtype=tf.int64)
+    with tf.GradientTape() as tape:
+        emb = sok.lookup_sparse([v], [ids], combiners=["sum"])[0]
+        loss = tf.reduce_sum(emb * tf.constant([[1.0], [2.0], [3.0]]))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    return v
+
+
+def test_issue_snippet_reads_by_key():
+    v = _trained_like_the_issue()
+    keys, rows = sok.export(v)
+    got = dict(zip(keys.numpy().tolist(), rows.numpy().tolist()))
+    assert got == {5: [-1.0, -1.0], 3: [-2.0, -2.0], 100: [-3.0, -3.0]}
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(v, tf.constant([3, 5], tf.int64)), [[-2, -2], [-1, -1]])
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(v, tf.constant([2**40], tf.int64)), [[0, 0]])
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(v, tf.constant([100, 2**40], tf.int64)),
+                                  [[-3, -3], [0, 0]])
+
+
+def _table(initializer="0.5", dim=3):
+    """A table with keys 0 and 2**40 set; every other key reads the initializer's value."""
+    v = sok.DynamicVariable(dimension=dim, initializer=initializer, init_capacity=4)
+    set_rows = {0: np.arange(dim, dtype=np.float32) + 1, 2**40: -np.arange(dim, dtype=np.float32) - 10}
+    sok.assign(v, list(set_rows), np.stack(list(set_rows.values())))
+    return v, set_rows
+
+
+def _expected(keys, set_rows, fill, dim=3):
+    return np.stack([set_rows.get(k, np.full(dim, fill, np.float32)) for k in np.asarray(keys).reshape(-1).tolist()]
+                    ).reshape(list(np.shape(keys)) + [dim]) if np.size(keys) else np.zeros([0, dim], np.float32)
+
+
+READERS = {
+    "tf.gather": lambda v, k: tf.gather(v, k),
+    "tf.nn.embedding_lookup": lambda v, k: tf.nn.embedding_lookup(v, k),
+    "tf.nn.embedding_lookup([v])": lambda v, k: tf.nn.embedding_lookup([v], k),
+    "tf.compat.v1.nn.embedding_lookup": lambda v, k: tf.compat.v1.nn.embedding_lookup(v, k),
+    "sparse_read": lambda v, k: v.sparse_read(k),
+}
+
+
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("reader", list(READERS))
+def test_every_gather_path_reads_by_key(mode, reader):
+    v, set_rows = _table()
+    read = mode(READERS[reader])
+    np.testing.assert_array_equal(read(v, _k(KEYS)), _expected(KEYS, set_rows, 0.5))
+    two_d = [[BIG, 3], [2**40, 0]]
+    np.testing.assert_array_equal(read(v, _k(two_d)), _expected(two_d, set_rows, 0.5))
+    empty = read(v, tf.zeros([0], tf.int64))
+    assert empty.shape == (0, 3)
+    # int32 keys are keys too (SOK casts them)
+    np.testing.assert_array_equal(read(v, tf.constant([0, 5], tf.int32)), _expected([0, 5], set_rows, 0.5))
+    # unseen keys were inserted with the initializer's value, as SOK does: the size counts them
+    assert int(v.size[0]) == len({0, 7, 2**40, BIG, -1, 3, 5})
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_embedding_lookup_sparse_reads_by_key(mode):
+    v, set_rows = _table()
+    sp = tf.SparseTensor(indices=[[0, 0], [0, 1], [1, 0], [3, 0], [3, 1]], values=tf.constant([0, BIG, 2**40, 7, 7], tf.int64),
+                         dense_shape=[4, 2])
+    w = tf.SparseTensor(sp.indices, tf.constant([1.0, 2.0, 0.5, 1.0, 3.0]), sp.dense_shape)
+    out = mode(lambda: tf.nn.embedding_lookup_sparse(v, sp, w, combiner="sum"))()
+    e = lambda k: _expected([k], set_rows, 0.5)[0]  # noqa: E731
+    want = [e(0) + 2 * e(BIG), 0.5 * e(2**40), np.zeros(3), 4 * e(7)]
+    np.testing.assert_allclose(out, np.stack(want), rtol=1e-6)
+    safe = mode(lambda: tf.nn.safe_embedding_lookup_sparse(v, sp, w, combiner="sum"))()
+    np.testing.assert_allclose(safe, np.stack(want), rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_scatter_methods_write_by_key(mode):
+    v, set_rows = _table()
+    keys = _k([BIG, 0, 9])
+    delta = tf.constant([[1.0, 1, 1], [2, 2, 2], [3, 3, 3]])
+    def run(method, delta, keys):   # SOK's scatter methods return an op (None eagerly)
+        mode(lambda: [getattr(v, method)(tf.IndexedSlices(delta, keys)), None][1])()
+
+    run("scatter_add", delta, keys)
+    want = {BIG: 0.5 + 1, 0: set_rows[0] + 2, 9: 0.5 + 3}
+    run("scatter_sub", tf.ones([2, 3]), _k([9, 2**40]))
+    want[9] = want[9] - 1
+    want[2**40] = set_rows[2**40] - 1
+    run("scatter_update", tf.fill([1, 3], 42.0), _k([7]))
+    want[7] = 42.0
+    got = tf.nn.embedding_lookup(v, _k(list(want)))
+    np.testing.assert_allclose(got, np.stack([np.broadcast_to(np.float32(x), (3,)) for x in want.values()]))
+    with pytest.raises(TypeError, match="IndexedSlices"):
+        v.scatter_add(tf.ones([1, 3]))
+    with pytest.raises(ValueError, match="values of shape"):
+        v.scatter_update(tf.IndexedSlices(tf.ones([2, 4]), _k([1, 2])))
+
+
+def test_training_through_embedding_lookup_matches_a_tf_variable(request):
+    """SOK's own dynamic_variable_test: the table read with tf.nn.embedding_lookup and trained
+    with OptimizerWrapper equals a tf.Variable trained by the same optimizer on the same rows."""
+    rng = seeded_rng(request)
+    universe = np.array([0, 3, 2**40, BIG, -5, 123456789], np.int64)
+    for make in (lambda: tf.keras.optimizers.SGD(learning_rate=0.5, momentum=0.9),
+                 lambda: tf.keras.optimizers.Adagrad(learning_rate=0.5)):
+        v = sok.DynamicVariable(dimension=4, initializer="random", init_capacity=2)
+        opt = sok.OptimizerWrapper(make())
+        ref = tf.Variable(tf.nn.embedding_lookup(v, tf.constant(universe)))
+        ref_opt = make()
+
+        def sok_step(pos, w):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(v, tf.gather(tf.constant(universe), pos)) * w)
+            opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+        def ref_step(pos, w):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.embedding_lookup(ref, pos) * w)
+            ref_opt.apply_gradients(zip(tape.gradient(loss, [ref]), [ref]))
+
+        graph_step = tf.function(sok_step)
+        for i in range(6):
+            pos = tf.constant(rng.integers(0, len(universe), size=5), tf.int64)
+            w = tf.constant(rng.normal(size=(5, 4)).astype(np.float32))
+            (sok_step if i % 2 else graph_step)(pos, w)
+            ref_step(pos, w)
+        np.testing.assert_allclose(tf.nn.embedding_lookup(v, tf.constant(universe)), ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
+DENSE_PATHS = {
+    "read_value": lambda v: v.read_value(),
+    "value": lambda v: v.value(),
+    "tf.convert_to_tensor": lambda v: tf.convert_to_tensor(v),
+    "tf.identity": lambda v: tf.identity(v),
+    "operator +": lambda v: v + 1.0,
+    "tf.reduce_sum": lambda v: tf.reduce_sum(v),
+    "tf.print": lambda v: tf.print(v),
+    "indexing": lambda v: v[0],
+    "gather_nd": lambda v: v.gather_nd([[0]]),
+    "tf.gather axis=1": lambda v: tf.gather(v, [0], axis=1),
+    "partitioned embedding_lookup": lambda v: tf.nn.embedding_lookup([v, v], tf.constant([0, 1], tf.int64)),
+    "assign": lambda v: v.assign(tf.zeros([4, 3])),
+    "assign_add": lambda v: v.assign_add(tf.zeros([4, 3])),
+    "assign_sub": lambda v: v.assign_sub(tf.zeros([4, 3])),
+    "scatter_max": lambda v: v.scatter_max(tf.IndexedSlices(tf.zeros([1, 3]), _k([0]))),
+    "scatter_nd_update": lambda v: v.scatter_nd_update([[0]], tf.zeros([1, 3])),
+    "batch_scatter_update": lambda v: v.batch_scatter_update(tf.IndexedSlices(tf.zeros([1, 3]), _k([0]))),
+}
+
+
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("path", list(DENSE_PATHS))
+def test_positional_paths_raise_naming_what_to_use(mode, path):
+    v, _ = _table()
+    with pytest.raises(NotImplementedError, match="DynamicVariable .*(by key|sok.assign|sok.export|embedding_lookup)"):
+        mode(lambda: DENSE_PATHS[path](v))()
+
+
+@pytest.mark.parametrize("path", ["numpy", "np.asarray", "initial_value", "int"])
+def test_eager_only_positional_paths_raise(path):
+    v, _ = _table()
+    with pytest.raises(NotImplementedError, match="DynamicVariable"):
+        {"numpy": lambda: v.numpy(), "np.asarray": lambda: np.asarray(v), "initial_value": lambda: v.initial_value,
+         "int": lambda: int(v)}[path]()
+
+
+def test_public_surface_matches_sok():
+    v = sok.DynamicVariable(dimension=5, initializer="13", var_type="hybrid", init_capacity=64, max_capacity=1024,
+                            name="surface")
+    assert v.dimension == 5 and v.key_type == tf.int64 and v.handle_dtype == tf.float32 and v.dtype == tf.float32
+    assert v.backend_type == "hybrid" and v.initializer_str == "13" and v.mode == "distributed"
+    assert v.target_gpu == -1 and v.num_gpus == 1 and v.indices is None and not v.is_static()
+    assert v.config_dict == {"init_capacity": 64, "max_capacity": 1024}
+    assert v.name.startswith("surface") and v.shape.as_list() == [None, 5] and v.trainable
+    assert v.handle.dtype == tf.resource
+    assert v.size.dtype == tf.int32 and v.size.numpy().tolist() == [0, 5]
+    tf.nn.embedding_lookup(v, _k([1, 2**40, 1]))
+    assert v.size.numpy().tolist() == [2, 5]
+    assert tf.function(lambda: v.size)().numpy().tolist() == [2, 5]
+    k = _k([3, 4])
+    assert v.key_map(k) is k
+    assert "surface" in repr(v) and "13" not in repr(v).split("initializer")[0]
+    with pytest.raises(NotImplementedError, match="to_static"):
+        v.to_static(_k([1]))
+    with pytest.raises(NotImplementedError, match="to_dynamic"):
+        v.to_dynamic()
+    loc = sok.DynamicVariable(dimension=2, mode="localized:0", key_type=tf.int32)
+    assert loc.target_gpu == 0 and loc.mode == "localized:0" and loc.key_type == tf.int32
+    default = sok.DynamicVariable(dimension=2)
+    assert default.backend_type == "hbm" and default.initializer_str == "random"
+    # positional order of SOK's signature: (dimension, initializer, var_type, name, ...)
+    pos = sok.DynamicVariable(2, "0.5", "hbm", "by_position")
+    assert pos.name.startswith("by_position") and pos.backend_type == "hbm"
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(pos, _k([11])), [[0.5, 0.5]])
+    with pytest.raises(ValueError, match="var_type must be 'hbm' or 'hybrid'"):
+        sok.DynamicVariable(dimension=2, var_type="ssd")
+    with pytest.raises(TypeError, match="unknown option 'bogus'"):
+        sok.DynamicVariable(dimension=2, bogus=1)
+    with pytest.raises(NotImplementedError, match="constraint"):
+        sok.DynamicVariable(dimension=2, constraint=lambda x: x)
+
+
+def test_checkpoint_round_trip_is_by_key(tmp_path):
+    v = _trained_like_the_issue()
+    opt_keys = [5, 3, 100]
+    ck = tf.train.Checkpoint(table=v)
+    path = ck.save(tmp_path / "ck")
+    # a table that saw other keys first (so every row index differs) restores by key
+    w = sok.DynamicVariable(dimension=2, initializer="0", init_capacity=2)
+    w.scatter_update(tf.IndexedSlices(tf.fill([4, 2], 9.0), _k([100, 77, BIG, 3])))
+    tf.train.Checkpoint(table=w).restore(path).assert_consumed()
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(w, _k(opt_keys)), [[-1, -1], [-2, -2], [-3, -3]])
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(w, _k([77, BIG])), [[0, 0], [0, 0]])   # not in the checkpoint
+    keys, _ = sok.export(w)
+    assert sorted(keys.numpy().tolist()) == sorted(opt_keys + [77, BIG])
+    # the restored table keeps training by key
+    w.scatter_sub(tf.IndexedSlices(tf.ones([1, 2]), _k([5])))
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(w, _k([5])), [[-2, -2]])
+    with pytest.raises(ValueError, match="dimension 2 .*dimension 3|has dim"):
+        tf.train.Checkpoint(table=sok.DynamicVariable(dimension=3)).restore(path).assert_consumed()
+
+
+def test_saved_model_raises(tmp_path):
+    v, _ = _table()
+    m = tf.Module()
+    m.table = v
+    with pytest.raises(NotImplementedError, match="SavedModel.*sok.dump"):
+        tf.saved_model.save(m, str(tmp_path / "sm"))
+
+
+def test_dump_load_and_export_keep_extreme_keys(tmp_path):
+    v, set_rows = _table()
+    tf.nn.embedding_lookup(v, _k([BIG, -1]))
+    sok.dump(tmp_path / "d", [v])
+    w = sok.DynamicVariable(dimension=3, initializer="0.5", name=v.table_name)
+    sok.load(tmp_path / "d", [w])
+    keys = [0, 2**40, BIG, -1, 12]
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(w, _k(keys)), _expected(keys, set_rows, 0.5))
+    k, rows = sok.export(w)
+    assert k.numpy().tolist() == sorted(k.numpy().tolist())          # ascending keys, as SOK exports
+    assert set(k.numpy().tolist()) == set(keys)
+
+
+def test_not_a_keras_weight():
+    """A DynamicVariable held by a Keras layer is not among its weights (get_weights would give
+    rows by position); it is trained through the tape and OptimizerWrapper."""
+    v, _ = _table()
+
+    class Holder(tf.keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.table = v
+
+        def call(self, keys):
+            return tf.nn.embedding_lookup(self.table, keys)
+
+    layer = Holder()
+    out = layer(_k([0]))
+    np.testing.assert_array_equal(out, [[1, 2, 3]])
+    assert layer.get_weights() == [] and layer.weights == []
