@@ -215,6 +215,10 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             raise ValueError(f"{where}: weights must be None or one weights tensor per table")
 
     with tf.name_scope(name or "embedlab_fused_lookup"):
+        for t, table in enumerate(tables):
+            if getattr(table, "is_dynamic", False):   # a sok.DynamicVariable is read by key, not by row
+                raise ValueError(f"{where}: tables[{t}] is an embedlab.sok.DynamicVariable, whose rows are found by "
+                                 "key: use sok.lookup_sparse or tf.nn.embedding_lookup(table, keys)")
         variables = [_as_variable(t) for t in tables]
         if optimizer is not None:
             if not hasattr(optimizer, "apply_lookup_gradients"):

@@ -54,6 +54,12 @@ def _rows_for(p, keys):
     return p.hash_index.lookup_index(keys)
 
 
+def _rows_of(p):
+    """What the fused lookup reads by row index: a DynamicVariable's `storage` (the variable
+    itself is read by key), else the shard."""
+    return p.storage if getattr(p, "is_dynamic", False) else p
+
+
 def _route_attrs(params, n):
     modes, rows, ranks = [], [], []
     for v in params:
@@ -113,7 +119,7 @@ def _local_lookup(shards, csr, combiners):
     ws = None
     if csr[0][2] is not None:
         ws = [tf.RaggedTensor.from_row_splits(w, s, validate=False) for s, _, w in csr]
-    return _ops.fused_embedding_lookup(shards, ids, combiners, ws)
+    return _ops.fused_embedding_lookup([_rows_of(p) for p in shards], ids, combiners, ws)
 
 
 def _owner_lookup(params, recv, mine, n, P, dim):
@@ -127,7 +133,7 @@ def _owner_lookup(params, recv, mine, n, P, dim):
     keys_t = tf.dynamic_partition(flat, tid, T + 1)
     idx_t = tf.dynamic_partition(tf.range(n * P, dtype=tf.int32), tid, T + 1)
     local = [(_rows_for(p, keys_t[t]) if _hashed(p) else keys_t[t])[:, None] for t, p in enumerate(params)]
-    rows = _ops.fused_embedding_lookup(list(params), local, "sum")
+    rows = _ops.fused_embedding_lookup([_rows_of(p) for p in params], local, "sum")
     pad = tf.zeros([tf.shape(idx_t[T])[0], dim], tf.float32)
     return tf.dynamic_stitch(idx_t[:T] + [idx_t[T]], rows + [pad])
 

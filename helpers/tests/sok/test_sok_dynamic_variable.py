@@ -288,3 +288,14 @@ def test_not_a_keras_weight():
     out = layer(_k([0]))
     np.testing.assert_array_equal(out, [[1, 2, 3]])
     assert layer.get_weights() == [] and layer.weights == []
+
+
+def test_embedlab_ops_refuse_a_dynamic_variable():
+    """embedlab.ops reads tables by row index; a DynamicVariable is refused (it would give the
+    rows of other keys), and sok.lookup_sparse over it still trains by key."""
+    import embedlab.ops as eops
+    v = _trained_like_the_issue()
+    with pytest.raises(ValueError, match="tables\\[0\\] is an embedlab.sok.DynamicVariable.*by key"):
+        eops.embedding_lookup(v, tf.ragged.constant([[0]], dtype=tf.int64))
+    out = sok.lookup_sparse([v], [tf.ragged.constant([[3, 5], [2**40]], dtype=tf.int64)], combiners=["sum"])[0]
+    np.testing.assert_array_equal(out, [[-3, -3], [0, 0]])
