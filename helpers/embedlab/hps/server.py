@@ -294,16 +294,20 @@ class ParameterServer:
         return missing
 
     # ---- public API -------------------------------------------------------------------------
-    def lookup(self, model: str, table_id: int, keys) -> np.ndarray:
+    def lookup(self, model: str, table_id: int, keys, return_defaulted: bool = False):
         """The rows of ``keys`` in table ``table_id`` of ``model``.
 
         Args:
             model: a model name of the config.
             table_id: index into the model's ``sparse_files``.
             keys: 1-D integer array (duplicates allowed).
+            return_defaulted: also return which keys got the default value.
 
         Returns:
-            float32 ``[len(keys), dim]``; keys found in no tier get the table's default value.
+            float32 ``[len(keys), dim]``; keys found in no tier get the table's default value
+            (counted per key, duplicates included, in ``stats()``'s ``defaults_returned``). With
+            ``return_defaulted``: ``(vectors, defaulted)``, ``defaulted`` a bool ``[len(keys)]``
+            that is True where the row is the default value because no tier holds the key.
         """
         if self._closed:
             raise RuntimeError("HPS: the ParameterServer is closed")
@@ -311,7 +315,8 @@ class ParameterServer:
         keys = self._keys(keys)
         n = keys.shape[0]
         if n == 0:
-            return np.zeros((0, tab.dim), np.float32)
+            empty = np.zeros((0, tab.dim), np.float32)
+            return (empty, np.zeros(0, bool)) if return_defaulted else empty
         ukeys, inverse = np.unique(keys, return_inverse=True)
         u = ukeys.shape[0]
         out = np.empty((u, tab.dim), np.float32)
@@ -342,9 +347,13 @@ class ParameterServer:
                 out[missing[got]] = tmp[got]
                 from_persistent = missing[got]
                 missing = missing[m3]
+            defaulted = None
             if missing.size:
                 out[missing] = tab.default
-                tab.defaults_returned += int(missing.size)
+                unique_defaulted = np.zeros(u, bool)
+                unique_defaulted[missing] = True
+                defaulted = unique_defaulted[inverse]
+                tab.defaults_returned += int(np.count_nonzero(defaulted))
             # Upward insertion.
             vc = self.config.volatile_db
             if from_persistent.size and self.volatile is not None and vc.cache_missed_embeddings:
@@ -365,6 +374,8 @@ class ParameterServer:
                         self._stats["cache"].inserted += int(k.size)
                     else:
                         self._enqueue(cache, tab, k, v, self._epoch)
+        if return_defaulted:
+            return out[inverse], (defaulted if defaulted is not None else np.zeros(n, bool))
         return out[inverse]
 
     def _enqueue(self, cache, tab, k, v, epoch):

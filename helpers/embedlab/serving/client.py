@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["make_inputs", "infer", "run_load", "sweep", "LoadResult", "hps_stats", "client_for"]
+__all__ = ["make_inputs", "infer", "predict", "Prediction", "run_load", "sweep", "LoadResult", "hps_stats",
+           "client_for"]
 
 
 def _module(protocol: str):
@@ -60,12 +61,58 @@ def make_inputs(keys, protocol: str = "http", numkeys=None, keys_name: str = "EM
     return inputs
 
 
+def _protocol_of(client) -> str:
+    return "grpc" if "grpc" in type(client).__module__ else "http"
+
+
 def infer(client, keys, model: str = "ensemble", output: str = "DENSE_OUTPUT", protocol=None, **kw):
     """One request; returns the output array. `protocol` is taken from the client's module."""
     if protocol is None:
-        protocol = "grpc" if "grpc" in type(client).__module__ else "http"
+        protocol = _protocol_of(client)
     r = client.infer(model, make_inputs(keys, protocol, **kw))
     return r.as_numpy(output)
+
+
+@dataclass
+class Prediction:
+    """The ensemble's answer to one request.
+
+    `output` is DENSE_OUTPUT (float32 [batch, k]); `defaulted_keys` (int32 [batch]) counts, per
+    sample, the keys that no tier of the HPS holds (found in neither the cache, the volatile nor
+    the persistent database), whose embedding was the table's default vector: a sample with a
+    count above 0 was scored on made-up inputs.
+    """
+    output: np.ndarray
+    defaulted_keys: np.ndarray
+
+    @property
+    def total_defaulted(self) -> int:
+        """Keys of the whole request answered with the default vector."""
+        return int(self.defaulted_keys.sum())
+
+
+def predict(client, keys, model: str = "ensemble", protocol=None, **kw) -> Prediction:
+    """One request to the ensemble; returns its DENSE_OUTPUT with the count of defaulted keys per sample.
+
+    Args:
+        client: a tritonclient HTTP or gRPC `InferenceServerClient` (see `client_for`).
+        keys: int64 [batch, keys_per_sample]; `kw` as for `make_inputs` (`numkeys`).
+
+    Example:
+        >>> p = predict(client_for(server), np.array([[1, 10**15, 3]]))     # doctest: +SKIP
+        >>> p.defaulted_keys                                               # doctest: +SKIP
+        array([1], dtype=int32)
+    """
+    if protocol is None:
+        protocol = _protocol_of(client)
+    m = _module(protocol)
+    outputs = [m.InferRequestedOutput("DENSE_OUTPUT"), m.InferRequestedOutput("DEFAULTED_KEYS")]
+    r = client.infer(model, make_inputs(keys, protocol, **kw), outputs=outputs)
+    defaulted = r.as_numpy("DEFAULTED_KEYS")
+    if defaulted is None:
+        raise RuntimeError(f"model {model!r} returned no DEFAULTED_KEYS: its repository was written by an "
+                           "older embedlab; write it again with embedlab.serving.write_model_repository")
+    return Prediction(output=r.as_numpy("DENSE_OUTPUT"), defaulted_keys=defaulted.reshape(-1))
 
 
 @dataclass
@@ -219,8 +266,10 @@ _METRIC = re.compile(r'^embedlab_hps_stat\{([^}]*)\}\s+(\S+)$')
 def hps_stats(server_or_url) -> dict:
     """The HPS statistics the `hps_embedding` model publishes on the server's metrics endpoint.
 
-    Returns {stat: value} with the flattened `ParameterServer.stats()` keys ("a.b.c"), as of the
-    model's last update (it refreshes them at most every 0.25 s while it serves requests).
+    Returns {stat: value} with the flattened `ParameterServer.stats()` keys ("a.b.c"). On a server
+    started by `TritonServer` they are the counters as they are when the scrape arrives: every
+    request answered before it is counted (the metrics port has each `hps_embedding` instance
+    publish before it answers). A tritonserver started otherwise publishes them every 0.25 s.
     """
     url = server_or_url if isinstance(server_or_url, str) else server_or_url.metrics_url
     with urllib.request.urlopen(url, timeout=5.0) as r:

@@ -38,8 +38,8 @@ def kill_during_load(server, kill, key_batches, expected, *, kill_after_s: float
     """Runs `run_load` and calls `kill()` (e.g. `redis.kill`) `kill_after_s` into it.
 
     After the run, a few more requests are sent until the HPS statistics show the outage
-    (`outage_stat` above its value before), for at most `settle_s`: the model publishes its
-    statistics at most every 0.25 s, while it serves.
+    (`outage_stat` above its value before), for at most `settle_s`: a tier is found down only
+    by a lookup that reaches it, and a run answered from the cache alone may have none.
 
     Returns:
         `FaultRun` with the load result (failed / wrong counts, latencies over time), the time

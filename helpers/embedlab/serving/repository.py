@@ -4,11 +4,12 @@ The served model is the one notebook 05 exports (`embedlab.hps.export.export_for
 a folder with a `serving.json` manifest naming the HPS JSON, the sparse model, the ONNX dense
 model and the SavedModels. The repository follows HugeCTR's "HPS + Triton ensemble" sample:
 
-    hps_embedding   python backend: KEYS (INT64), NUMKEYS (INT32) -> OUTPUT0 (FP32 vectors),
-                    served by embedlab.hps.ParameterServer from the HPS JSON
+    hps_embedding   python backend: KEYS (INT64), NUMKEYS (INT32) -> OUTPUT0 (FP32 vectors) and
+                    DEFAULTED_KEYS (INT32, per sample: keys no tier holds, answered with the
+                    default vector), served by embedlab.hps.ParameterServer from the HPS JSON
     dense           python backend: LOOKUP_VECTORS -> DENSE_OUTPUT through onnxruntime
     ensemble        platform "ensemble": EMB_KEY, EMB_N_KEY -> hps_embedding -> LOOKUP_VECTORS
-                    -> dense -> DENSE_OUTPUT
+                    -> dense -> DENSE_OUTPUT; hps_embedding's DEFAULTED_KEYS is an output too
 
 All three are batched (`max_batch_size`, first dimension = samples), with dynamic batching and
 an `instance_group` on the CPU. NUMKEYS carries, per sample, the number of keys in its row of
@@ -186,8 +187,10 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
 
     Returns:
         The repository path. The ensemble is served as `ensemble` with inputs EMB_KEY (INT64
-        [batch, keys_per_sample]) and EMB_N_KEY (INT32 [batch, 1]) and output DENSE_OUTPUT
-        (FP32 [batch, k]).
+        [batch, keys_per_sample]) and EMB_N_KEY (INT32 [batch, 1]) and outputs DENSE_OUTPUT
+        (FP32 [batch, k]) and DEFAULTED_KEYS (INT32 [batch, 1]: per sample, how many of its keys
+        no tier of the HPS holds, so that they were answered with the table's default vector).
+        A client that asks for DENSE_OUTPUT alone gets it alone.
 
     Example:
         >>> repo = write_model_repository(DATA_DIR / "hps_triton", DATA_DIR / "hps_triton" / "repository")  # doctest: +SKIP
@@ -221,7 +224,8 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
         _write_model(tmp, "hps_embedding", _python_model_config(
             "hps_embedding", max_batch_size,
             [("KEYS", "TYPE_INT64", [k]), ("NUMKEYS", "TYPE_INT32", [1])],
-            [("OUTPUT0", "TYPE_FP32", [k, dim])], embedding_instances, max_queue_delay_us,
+            [("OUTPUT0", "TYPE_FP32", [k, dim]), ("DEFAULTED_KEYS", "TYPE_INT32", [1])],
+            embedding_instances, max_queue_delay_us,
             {"ps_config_file": m.ps_config_file, "hps_model_name": m.model_name,
              "table_id": m.table_id, "keys_per_sample": k, "emb_vec_size": dim}), "hps_embedding.py")
         _write_model(tmp, "dense", _python_model_config(
@@ -234,8 +238,9 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
         _write_model(tmp, ENSEMBLE, _ensemble_config(
             ENSEMBLE, max_batch_size,
             [("EMB_KEY", "TYPE_INT64", [k]), ("EMB_N_KEY", "TYPE_INT32", [1])],
-            [("DENSE_OUTPUT", "TYPE_FP32", [out_width])],
-            [("hps_embedding", {"KEYS": "EMB_KEY", "NUMKEYS": "EMB_N_KEY"}, {"OUTPUT0": "LOOKUP_VECTORS"}),
+            [("DENSE_OUTPUT", "TYPE_FP32", [out_width]), ("DEFAULTED_KEYS", "TYPE_INT32", [1])],
+            [("hps_embedding", {"KEYS": "EMB_KEY", "NUMKEYS": "EMB_N_KEY"},
+              {"OUTPUT0": "LOOKUP_VECTORS", "DEFAULTED_KEYS": "DEFAULTED_KEYS"}),
              ("dense", {"LOOKUP_VECTORS": "LOOKUP_VECTORS"}, {"DENSE_OUTPUT": "DENSE_OUTPUT"})]), None)
         record = {k: v for k, v in asdict(m).items() if k != "extra"}
         (tmp / "serving.json").write_text(json.dumps({**m.extra, **record}, indent=2) + "\n")

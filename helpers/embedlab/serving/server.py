@@ -14,6 +14,11 @@ repository of our own `config.pbtxt` files. That needs four things, which `Trito
 3. the virtual environment's `bin` first on `PATH` (the stub's interpreter finds its
    site-packages from there; it ignores `PYTHONPATH`);
 4. `--http-address 127.0.0.1` and `--grpc-address 127.0.0.1` (loopback only).
+
+The metrics port is served by `TritonServer` itself (`embedlab.serving._metrics.MetricsFront`,
+a thread of this process): each scrape first has every `hps_embedding` instance publish its
+current HPS statistics, then relays tritonserver's own `/metrics` (on a private port), so a
+scrape reads the counters as they are, at no cost to requests.
 """
 from __future__ import annotations
 
@@ -185,6 +190,9 @@ class TritonServer:
         self.http_port = self.grpc_port = self.metrics_port = None
         self._backend_dir: Path | None = None
         self._log_handle = None
+        self._stats_dir: Path | None = None
+        self._metrics_front = None
+        self.triton_metrics_port = None     # tritonserver's own metrics port (private; see metrics_url)
 
     # -- addresses ---------------------------------------------------------------------------
     @property
@@ -199,6 +207,7 @@ class TritonServer:
 
     @property
     def metrics_url(self) -> str:
+        """The metrics endpoint: tritonserver's metrics with the HPS statistics current at each scrape."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
@@ -221,6 +230,9 @@ class TritonServer:
         # The stub interpreter must see the same site-packages as this process, not a user's.
         env.pop("PYTHONHOME", None)
         env.setdefault("OMP_NUM_THREADS", "1")
+        if self._stats_dir is not None:
+            from ._metrics import REFRESH_DIR_ENV
+            env[REFRESH_DIR_ENV] = str(self._stats_dir)
         return env
 
     def _prepare_backend_dir(self, inst: TritonInstall) -> Path:
@@ -267,16 +279,19 @@ class TritonServer:
             self.log_file = Path(tempfile.mkstemp(prefix="embedlab-triton-", suffix=".log")[1])
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         ports = list(self._ports)
-        free = iter(_free_ports(3))
+        free = iter(_free_ports(4))
         ports = [p or next(free) for p in ports]
         self.http_port, self.grpc_port, self.metrics_port = ports
+        self.triton_metrics_port = next(free)
+        if self._metrics_enabled():
+            self._start_metrics_front()
         shm_prefix = f"embedlab_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         cmd = [str(inst.binary),
                f"--model-repository={self.model_repository}",
                f"--backend-directory={self._backend_dir}",
                "--http-address=127.0.0.1", f"--http-port={self.http_port}",
                "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
-               "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}",
+               "--metrics-address=127.0.0.1", f"--metrics-port={self.triton_metrics_port}",
                "--allow-gpu-metrics=false",
                "--exit-on-error=true", "--strict-readiness=true",
                f"--exit-timeout-secs={max(1, int(self.stop_grace_s))}",
@@ -392,7 +407,26 @@ class TritonServer:
         atexit.unregister(self.stop)
         return rc
 
+    def _start_metrics_front(self) -> None:
+        from ._metrics import MetricsFront
+        self._stats_dir = Path(tempfile.mkdtemp(prefix="embedlab-stats-"))
+        try:
+            self._metrics_front = MetricsFront(
+                "127.0.0.1", self.metrics_port, f"http://127.0.0.1:{self.triton_metrics_port}/metrics",
+                self._stats_dir)
+        except OSError as e:
+            self._cleanup_files()
+            raise TritonServerError(
+                f"cannot serve metrics on 127.0.0.1:{self.metrics_port}: {e}"
+                + (" (address already in use)" if "in use" in str(e) else "")) from None
+
     def _cleanup_files(self) -> None:
+        if self._metrics_front is not None:
+            self._metrics_front.close()
+            self._metrics_front = None
+        if self._stats_dir is not None:
+            shutil.rmtree(self._stats_dir, ignore_errors=True)
+            self._stats_dir = None
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None

@@ -47,8 +47,10 @@ def test_config_as_loaded(server):
     steps = ens["ensemble_scheduling"]["step"]
     assert [s["model_name"] for s in steps] == ["hps_embedding", "dense"]
     assert steps[0]["input_map"] == {"KEYS": "EMB_KEY", "NUMKEYS": "EMB_N_KEY"}
-    assert steps[0]["output_map"] == {"OUTPUT0": "LOOKUP_VECTORS"}
+    assert steps[0]["output_map"] == {"OUTPUT0": "LOOKUP_VECTORS", "DEFAULTED_KEYS": "DEFAULTED_KEYS"}
     assert steps[1]["output_map"] == {"DENSE_OUTPUT": "DENSE_OUTPUT"}
+    assert {o["name"]: (o["data_type"], o["dims"]) for o in ens["output"]} == {
+        "DENSE_OUTPUT": ("TYPE_FP32", [1]), "DEFAULTED_KEYS": ("TYPE_INT32", [1])}
 
 
 def _bad(c, keys, match, **kw):

@@ -2,32 +2,25 @@
 
 Copied as `<repository>/hps_embedding/1/model.py` by `embedlab.serving.write_model_repository`.
 Inputs KEYS (INT64 [batch, keys_per_sample]) and NUMKEYS (INT32 [batch, 1], the number of keys
-of each sample, as HugeCTR's HPS backend takes), output OUTPUT0 (FP32 [batch,
-keys_per_sample, emb_vec_size]). The parameter server is built from the HPS JSON named in the
-config's parameters, once per model instance; the requests of one dynamic batch are looked up
-in one call. The HPS statistics are published on Triton's metrics endpoint as the gauge
-`embedlab_hps_stat{model=..., stat=...}`.
+of each sample, as HugeCTR's HPS backend takes); outputs OUTPUT0 (FP32 [batch,
+keys_per_sample, emb_vec_size]) and DEFAULTED_KEYS (INT32 [batch, 1]: how many keys of each
+sample no tier holds, answered with the table's default vector). The parameter server is built
+from the HPS JSON named in the config's parameters, once per model instance; the requests of one
+dynamic batch are looked up in one call. The HPS statistics are published on Triton's metrics
+endpoint as the gauge `embedlab_hps_stat{model=..., stat=...}` by a thread of their own
+(`embedlab.serving._metrics.StatsPublisher`), off the request path: on every scrape of a server
+started by `embedlab.serving.TritonServer`, else at most 0.25 s after they change.
 """
 import json
-import time
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from embedlab.serving._checks import check_keys
+from embedlab.serving._metrics import REFRESH_DIR_ENV, StatsPublisher
 
 _STATS_PERIOD_S = 0.25
-
-
-def _flatten(prefix, value, out):
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _flatten(f"{prefix}.{i}", v, out)
-    elif isinstance(value, (bool, int, float, np.integer, np.floating)):
-        out[prefix] = float(value)
 
 
 class TritonPythonModel:
@@ -58,20 +51,12 @@ class TritonPythonModel:
         self._family = pb_utils.MetricFamily(
             name="embedlab_hps_stat", description="embedlab.hps ParameterServer.stats() entries",
             kind=pb_utils.MetricFamily.GAUGE)
-        self._metrics = {}
-        self._next_stats = 0.0
-        self._publish_stats()
-
-    def _publish_stats(self):
-        flat = {}
-        _flatten("", self.ps.stats(), flat)
-        for key, value in flat.items():
-            m = self._metrics.get(key)
-            if m is None:
-                m = self._metrics[key] = self._family.Metric(
-                    labels={"model": self.model_name, "stat": key})
-            m.set(value)
-        self._next_stats = time.monotonic() + _STATS_PERIOD_S
+        self._publisher = StatsPublisher(
+            self.ps.stats, lambda stat: self._family.Metric(labels={"model": self.model_name, "stat": stat}),
+            refresh_dir=os.environ.get(REFRESH_DIR_ENV) or None, period_s=_STATS_PERIOD_S)
+        if self._publisher.error:
+            pb_utils.Logger.log_warn(f"hps_embedding: statistics refresh on scrape is off, they are "
+                                     f"published every {_STATS_PERIOD_S} s: {self._publisher.error}")
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -93,7 +78,7 @@ class TritonPythonModel:
             flat = np.concatenate([k.reshape(-1) for k in key_blocks]) if len(key_blocks) > 1 \
                 else key_blocks[0].reshape(-1)
             try:
-                vectors = self.ps.lookup(self.model_name, self.table_id, flat)
+                vectors, defaulted = self.ps.lookup(self.model_name, self.table_id, flat, return_defaulted=True)
             except Exception as e:  # a lookup failure fails these requests, not the server
                 for i in good:
                     responses[i] = pb_utils.InferenceResponse(
@@ -103,13 +88,14 @@ class TritonPythonModel:
                 for i, keys in zip(good, key_blocks):
                     n = keys.size
                     out = vectors[start:start + n].reshape(keys.shape[0], self.keys_per_sample, self.dim)
+                    per_sample = defaulted[start:start + n].reshape(keys.shape[0], self.keys_per_sample)
                     start += n
-                    responses[i] = pb_utils.InferenceResponse(
-                        output_tensors=[pb_utils.Tensor("OUTPUT0", np.ascontiguousarray(out))])
-        if time.monotonic() >= self._next_stats:
-            self._publish_stats()
+                    responses[i] = pb_utils.InferenceResponse(output_tensors=[
+                        pb_utils.Tensor("OUTPUT0", np.ascontiguousarray(out)),
+                        pb_utils.Tensor("DEFAULTED_KEYS",
+                                        per_sample.sum(axis=1, dtype=np.int32).reshape(-1, 1))])
         return responses
 
     def finalize(self):
-        self._metrics.clear()
+        self._publisher.close()     # before the metric family and the server go
         self.ps.close()
