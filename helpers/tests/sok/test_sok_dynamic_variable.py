@@ -299,3 +299,62 @@ def test_embedlab_ops_refuse_a_dynamic_variable():
         eops.embedding_lookup(v, tf.ragged.constant([[0]], dtype=tf.int64))
     out = sok.lookup_sparse([v], [tf.ragged.constant([[3, 5], [2**40]], dtype=tf.int64)], combiners=["sum"])[0]
     np.testing.assert_array_equal(out, [[-3, -3], [0, 0]])
+
+
+_TWO_WORKER_JOB = r'''
+import os, sys, json
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import numpy as np
+import tensorflow as tf
+import embedlab.sok as sok
+
+ctx = sok.init()
+rank, world = ctx.rank, ctx.world_size
+BIG = 2**63 - 1
+v = sok.DynamicVariable(dimension=2, initializer="0", init_capacity=2, name="dyn2")
+opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
+keys = np.array([0, 1, 2, 3, 2**40, 2**40 + 1, BIG, -1 - 2], np.int64)
+ids = tf.ragged.constant([keys[rank::world].tolist()], dtype=tf.int64)   # each rank sends half
+with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(sok.lookup_sparse([v], [ids], combiners=["sum"])[0] * float(rank + 1))
+opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+# every key got the gradient of the one rank that sent it: -(sender + 1)
+mine = keys[np.mod(keys, world) == rank]
+out = {"rank": rank, "mine": mine.tolist(),
+       "eager": tf.nn.embedding_lookup(v, tf.constant(mine)).numpy().tolist(),
+       "graph": tf.function(lambda k: tf.gather(v, k))(tf.constant(mine)).numpy().tolist(),
+       "export": dict(zip(map(str, sok.export(v)[0].numpy().tolist()), sok.export(v)[1].numpy()[:, 0].tolist()))}
+foreign = int(keys[np.mod(keys, world) != rank][0])
+for name, f in {"eager": lambda: tf.nn.embedding_lookup(v, tf.constant([foreign])),
+                "graph": lambda: tf.function(lambda k: tf.nn.embedding_lookup(v, k))(tf.constant([foreign]))}.items():
+    try:
+        f()
+        out["foreign_" + name] = "no error"
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+        out["foreign_" + name] = str(e)
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as fh:
+    json.dump(out, fh)
+'''
+
+
+def test_two_workers_read_their_own_keys_and_refuse_others(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    job = tmp_path / "job.py"
+    job.write_text(_TWO_WORKER_JOB)
+    p = subprocess.run([sys.executable, "-m", "embedlab.sok.launch", "-n", "2", "--timeout", "180", str(job),
+                        str(tmp_path)], env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, f"{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    keys = np.array([0, 1, 2, 3, 2**40, 2**40 + 1, BIG, -3], np.int64)
+    sender = {int(k): i % 2 for i, k in enumerate(keys)}
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["mine"] == [int(k) for k in keys if k % 2 == rank]
+        want = [[-(sender[k] + 1.0)] * 2 for k in r["mine"]]
+        assert r["eager"] == want and r["graph"] == want
+        assert r["export"] == {str(k): -(sender[k] + 1.0) for k in r["mine"]}
+        for mode in ("eager", "graph"):
+            assert "belongs to another worker" in r["foreign_" + mode] and f"this is rank {rank}" in r["foreign_" + mode]
