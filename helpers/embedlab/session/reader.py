@@ -15,11 +15,21 @@ int64 with `i64_input_key`).
 Errors (a missing file in the list, a corrupt record, a header that disagrees with the JSON)
 are raised by the `next_batch()` that would have returned the batch, naming the file list, the
 file and the record; no batch built from a bad record is ever returned.
+
+The background threads never outlive the interpreter's orderly part: `close()` stops and joins
+a reader's thread, and an `atexit` hook does it for every reader still reading when the script
+ends (a reader restarted by `Session.evaluation()` reads ahead in the background). A daemon thread
+left running would be inside the compiled decoder or hash table (the GIL released) when Python
+finalizes; taking the GIL back then ends the thread by unwinding through C++ frames, and the
+process aborts (`terminate called without an active exception`, exit status 134) after the
+script's work is done.
 """
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -238,6 +248,29 @@ def read_parquet_block(path, data: DataSpec) -> Block:
 
 _END = object()
 
+# Readers whose thread may be running; the thread's target holds its reader, so a reader stays
+# here as long as its thread runs.
+_LIVE: "weakref.WeakSet[DataReader]" = weakref.WeakSet()
+_atexit_registered = False
+_registry_lock = threading.Lock()
+
+
+def _stop_all_readers():
+    """Stops and joins every reader thread (at interpreter exit, before finalization)."""
+    for r in list(_LIVE):
+        r._shutdown()
+
+
+def _track(reader):
+    global _atexit_registered
+    with _registry_lock:
+        _LIVE.add(reader)
+        if not _atexit_registered:
+            # Registered when the first thread starts, after TensorFlow's own atexit hooks, so
+            # (last in, first out) it runs before them.
+            atexit.register(_stop_all_readers)
+            _atexit_registered = True
+
 
 class DataReader:
     """Streams batches from a file list in a background thread (see the module docstring).
@@ -297,6 +330,7 @@ class DataReader:
         self._thread = threading.Thread(target=self._run, args=(self._files, self.file_list, self._stop,
                                                                 self._q), daemon=True,
                                         name=f"embedlab-{self.name}")
+        _track(self)
         self._thread.start()
         self.fresh = True
 
@@ -378,12 +412,18 @@ class DataReader:
         self.start()
 
     def _shutdown(self):
-        if self._thread is not None:
+        t = self._thread
+        if t is not None:
             self._stop.set()
-            self._thread.join()
+            if t is not threading.current_thread():
+                # The thread checks the stop event between files and while it waits to hand over
+                # a batch, so this waits at most for one file's decode and one translation.
+                t.join()
             self._thread = None
+        _LIVE.discard(self)
 
     def close(self):
+        """Stops the background thread and waits for it to end (the reader can start again)."""
         self._shutdown()
 
     def __del__(self):
