@@ -509,9 +509,10 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
                                   "with sok.dump (or tf.train.Checkpoint) and serve it through embedlab.hps")
 
     def _copy_trackable_to_cpu(self, object_map):
-        raise NotImplementedError(f"embedlab.sok.DynamicVariable '{self.table_name}': asynchronous checkpoints are "
-                                  "not supported; use tf.train.Checkpoint without CheckpointOptions("
-                                  "experimental_enable_async_checkpoint=True), or sok.dump")
+        # The base copy is a plain variable: it would save the rows without their keys.
+        raise NotImplementedError(f"embedlab.sok.DynamicVariable '{self.table_name}': copying the table for an "
+                                  "asynchronous checkpoint of a device variable is not supported; use a synchronous "
+                                  "tf.train.Checkpoint, or sok.dump")
 
     # ---- this worker's rows by position (the machinery behind the by-key paths) -------------
 

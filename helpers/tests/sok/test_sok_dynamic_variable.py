@@ -358,3 +358,42 @@ def test_two_workers_read_their_own_keys_and_refuse_others(tmp_path):
         assert r["export"] == {str(k): -(sender[k] + 1.0) for k in r["mine"]}
         for mode in ("eager", "graph"):
             assert "belongs to another worker" in r["foreign_" + mode] and f"this is rank {rank}" in r["foreign_" + mode]
+
+
+def test_checkpoint_with_optimizer_resumes_training_exactly(tmp_path, request):
+    """Table and OptimizerWrapper's slots in one tf.train.Checkpoint: restored into a table that
+    saw other keys first, training goes on to the same rows as without the break."""
+    rng = seeded_rng(request)
+    universe = np.array([4, 2**40, BIG, -9, 0], np.int64)
+    batches = [tf.constant(rng.choice(universe, size=6), tf.int64) for _ in range(6)]
+
+    def make():
+        v = sok.DynamicVariable(dimension=3, initializer="0.25", init_capacity=2)
+        return v, sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(learning_rate=0.3))
+
+    def step(v, opt, keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup(v, keys) - 1.0))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    a, opt_a = make()
+    for b in batches[:3]:
+        step(a, opt_a, b)
+    path = tf.train.Checkpoint(table=a, opt=opt_a.optimizer).save(tmp_path / "ck")
+    for b in batches[3:]:
+        step(a, opt_a, b)
+    c, opt_c = make()
+    step(c, opt_c, tf.constant([77, 4, 2**41], tf.int64))     # other keys and rows first; builds the slots
+    tf.train.Checkpoint(table=c, opt=opt_c.optimizer).restore(path)
+    for b in batches[3:]:
+        step(c, opt_c, b)
+    np.testing.assert_allclose(tf.nn.embedding_lookup(c, tf.constant(universe)),
+                               tf.nn.embedding_lookup(a, tf.constant(universe)), rtol=1e-6)
+    # an asynchronous checkpoint saves by key too
+    ck = tf.train.Checkpoint(table=a)
+    apath = ck.save(tmp_path / "async", options=tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True))
+    ck.sync()
+    d, _ = make()
+    tf.train.Checkpoint(table=d).restore(apath).assert_consumed()
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(d, tf.constant(universe)),
+                                  tf.nn.embedding_lookup(a, tf.constant(universe)))
