@@ -62,6 +62,7 @@ SUBSTITUTIONS = [
     (r"^(\s*)batch_size = 8192\s*$", r"\1batch_size = 1024", "CPU size"),
     (r"^(\s*)batch_size = 65536\s*$", r"\1batch_size = 4096", "CPU size"),
     (r"^(\s*)rows = \[65536 \* 10, 65536\]\s*$", r"\1rows = [8192 * 10, 8192]", "CPU size"),
+    (r"^(\s*)row = 65536 \* 10\s*$", r"\1row = 8192 * 10", "CPU size"),
     (r"^(\s*)rows = \[65536\] \* gpu_num\s*$", r"\1rows = [8192] * gpu_num", "CPU size"),
     (r"^(\s*)rows = \[819200 \* 5 \* 10, 8192\]\s*$", r"\1rows = [8192 * 5 * 10, 8192]", "CPU size"),
     (r"^(\s*)rows = \[8192 \* 2048, 8192 \* 8192\]\s*$", r"\1rows = [8192 * 2, 8192 * 8]", "CPU size"),
@@ -204,7 +205,10 @@ def discover_examples(repo, tag):
         if sha in seen:                   # examples/examples/ holds copies of the same files
             seen[sha].name += f" (= {m.group(1)})"
             continue
-        seen[sha] = Case("examples", m.group(1), [tag], {Path(path).name: _blob(repo, sha)}, Path(path).name)
+        text = _blob(repo, sha)
+        # run with --workers when it joins a Horovod job, else as one plain process
+        seen[sha] = Case("examples", m.group(1), [tag], {Path(path).name: text}, Path(path).name,
+                         workers=None if "hvd.init()" in text else 0)
     return sorted(seen.values(), key=lambda c: c.name)
 
 
@@ -310,7 +314,7 @@ def _command(case, workers, timeout, python):
 
 def _how(case, workers):
     if case.workers == 0:
-        return "python (one process, as HugeCTR's script)"
+        return "python (one process, no launcher)"
     return f"launch -n {workers if case.workers is None else case.workers}"
 
 

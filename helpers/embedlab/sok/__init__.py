@@ -26,7 +26,8 @@ _NAMES = {
     "DynamicVariable": "dynamic",
     "All2AllDenseEmbedding": "legacy", "DistributedEmbedding": "legacy", "Init": "legacy", "OptimizerScope": "legacy",
     "Saver": "legacy", "split_embedding_variable_from_others": "legacy",
-    "all2all_dense_embedding": "lookup", "lookup_sparse": "lookup",
+    "all2all_dense_embedding": "lookup", "lookup_sparse": "lookup", "sparse_read_and_evict": "lookup",
+    "incremental_model_dump": "lookup",
     "OptimizerWrapper": "optimizer", "SGD": "optimizer", "filter_variables": "optimizer",
     "Variable": "variable",
 }
@@ -34,7 +35,7 @@ _NAMES = {
 __all__ = ["init", "context", "rank", "num_workers", "Variable", "DynamicVariable", "lookup_sparse",
            "all2all_dense_embedding", "OptimizerWrapper", "SGD", "filter_variables", "tf_version", "dump", "load", "export", "assign", "gather", "exchange",
            "Init", "DistributedEmbedding", "All2AllDenseEmbedding", "split_embedding_variable_from_others",
-           "OptimizerScope", "Saver"]
+           "OptimizerScope", "Saver", "sparse_read_and_evict", "incremental_model_dump"]
 
 
 def __getattr__(name):

@@ -31,7 +31,7 @@ from .. import _native
 from . import _context, exchange
 from .variable import is_sok_variable
 
-__all__ = ["lookup_sparse", "all2all_dense_embedding"]
+__all__ = ["lookup_sparse", "all2all_dense_embedding", "sparse_read_and_evict", "incremental_model_dump"]
 
 _COMBINERS = ("sum", "mean")
 _WHERE = "embedlab.sok.lookup_sparse"
@@ -275,3 +275,20 @@ def all2all_dense_embedding(param, ids, name=None):
     emb = lookup_sparse([param], [ragged], combiners=["sum"], name=name or "sok_all2all_dense_embedding")[0]
     dim = int(param.shape[1])
     return tf.reshape(emb, tf.concat([tf.shape(ids), [dim]], 0))
+
+
+# SOK's APIs of its "hybrid" backend (HierarchicalKV, a GPU hash table that evicts rows when
+# full): a DynamicVariable here never evicts (past max_capacity a lookup raises, naming the key).
+_HKV_ONLY = ("embedlab.sok.{}: SOK's HierarchicalKV ('hybrid') backend, a GPU hash table that evicts rows when "
+             "full, is not provided: a DynamicVariable here never evicts (it grows up to max_capacity, then a "
+             "lookup raises naming the key). {}")
+
+
+def sparse_read_and_evict(var, indices, name=None):
+    """Not provided: needs SOK's HierarchicalKV backend (raises NotImplementedError)."""
+    raise NotImplementedError(_HKV_ONLY.format("sparse_read_and_evict", "Read rows with lookup_sparse."))
+
+
+def incremental_model_dump(*args, **kwargs):
+    """Not provided: needs SOK's HierarchicalKV backend (raises NotImplementedError)."""
+    raise NotImplementedError(_HKV_ONLY.format("incremental_model_dump", "Write whole tables with sok.dump."))

@@ -40,6 +40,15 @@ def test_filter_variables():
     assert sok_vars == [v2, v3, v4] and other == [v1]
 
 
+def test_hierarchical_kv_only_apis_are_clear_errors():
+    v = sok.DynamicVariable(dimension=2, initializer="1")
+    ids = tf.ragged.constant([[1, 2]], dtype=tf.int64)
+    with pytest.raises(NotImplementedError, match="sparse_read_and_evict: SOK's HierarchicalKV .* never evicts"):
+        sok.sparse_read_and_evict(v, ids)
+    with pytest.raises(NotImplementedError, match="incremental_model_dump: SOK's HierarchicalKV"):
+        sok.incremental_model_dump([v], "path")
+
+
 def test_sok_sgd_is_sparse_sgd(request):
     rng = np.random.default_rng(abs(hash(request.node.name)) % 2**32)
     full = rng.normal(size=(20, 3)).astype(np.float32)
