@@ -13,9 +13,11 @@ plain tensors. Per-key weights are inputs only: no gradient flows to them.
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import tensorflow as tf
+from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.ops import resource_variable_ops
 
 from . import _native
@@ -84,7 +86,9 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
             raise ValueError(f"{where}: ragged ids must have shape [batch, None] (ragged_rank 1), "
                              f"got ragged_rank {ids.ragged_rank}")
         keys = _check_keys_dtype(ids.values, where)
-        splits = tf.cast(ids.row_splits, tf.int64)
+        splits = ids.row_splits
+        if splits.dtype != tf.int64:
+            splits = tf.cast(splits, tf.int64)
         w = None
         if weights is not None:
             if not isinstance(weights, tf.RaggedTensor):
@@ -233,8 +237,7 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             forward = _resource_forward(variables, ids, weights, combiners, where)
             if optimizer is not None:
                 return _lookup_training(variables, list(tables), forward, combiners, optimizer)
-            for v in variables:
-                resource_variable_ops.variable_accessed(v)  # lets GradientTape watch it
+            _watch(variables)
             return forward([v.handle for v in variables])[0]
         csr = _many_to_csr(ids, weights, where)
         tensors = []
@@ -250,9 +253,26 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
                                              combiners=combiners)
 
 
+def _watch(variables):
+    """Lets a GradientTape (and any variable watcher) watch the variables, as reading them does.
+    Eagerly, one batched notification instead of a graph check per variable: part of keeping an
+    eager call's own cost small (helpers/benchmarks/RESULTS.md, lookup_cpu peers)."""
+    if tf.executing_eagerly():
+        tape_lib.variables_accessed(variables)
+        return
+    for v in variables:
+        resource_variable_ops.variable_accessed(v)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_visible():
+    # Logical devices are fixed once TensorFlow has initialised them (the first op did).
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
 def _on_cpu(variables):
     """True when every variable lives on the CPU (or no GPU is visible at all)."""
-    if not tf.config.list_logical_devices("GPU"):
+    if not _gpu_visible():
         return True
     return all(tf.DeviceSpec.from_string(v.handle.device or "").device_type == "CPU" for v in variables)
 
@@ -288,8 +308,7 @@ def _lookup_training(variables, tables, forward, combiners, optimizer):
     # The tape watches the tables through their handles, which go in as the inputs of the custom
     # gradient (not as variables captured inside it: in a tf.function that would read, i.e.
     # copy, every whole table on each step).
-    for v in variables:
-        resource_variable_ops.variable_accessed(v)
+    _watch(variables)
 
     @tf.custom_gradient
     def lookup(*handles):

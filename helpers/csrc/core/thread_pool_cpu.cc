@@ -1,5 +1,6 @@
 // std::thread implementation of the ThreadPool interface (used outside TensorFlow).
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -18,9 +19,13 @@ class InlinePool final : public ThreadPool {
   }
 };
 
-// Workers sleep on a condition variable; each parallel_for publishes one job (a range cut into
-// num_threads contiguous blocks) and the caller runs block 0 itself. One job at a time: a
-// mutex serialises concurrent callers, which keeps the pool simple and still deterministic.
+// Workers sleep on a condition variable; each parallel_for publishes one job, a range cut into
+// up to kBlocksPerThread x num_threads contiguous blocks that the caller and the workers take in
+// turn from an atomic counter until none are left. A thread that the OS (or a busy neighbour on
+// a shared machine) holds back leaves its blocks to the others instead of stalling the call, as
+// with one fixed block per thread; TensorFlow's pool splits the same way (8 blocks per thread).
+// One job at a time: a mutex serialises concurrent callers, which keeps the pool simple; kernels
+// never depend on the split, so results stay deterministic.
 class StdThreadPool final : public ThreadPool {
  public:
   explicit StdThreadPool(int n) : n_(std::max(1, n)) {
@@ -48,22 +53,28 @@ class StdThreadPool final : public ThreadPool {
       std::lock_guard<std::mutex> l(mu_);
       fn_ = &fn;
       total_ = n;
+      blocks_ = std::min<int64_t>(n, int64_t{kBlocksPerThread} * n_);
+      next_.store(0, std::memory_order_relaxed);
       pending_ = n_ - 1;
       ++generation_;
     }
     cv_.notify_all();
-    run_block(0);
+    run_blocks();
     std::unique_lock<std::mutex> l(mu_);
     done_cv_.wait(l, [this] { return pending_ == 0; });
     fn_ = nullptr;
   }
 
  private:
-  void run_block(int i) {
-    const int64_t per = (total_ + n_ - 1) / n_;
-    const int64_t b = std::min<int64_t>(total_, per * i);
-    const int64_t e = std::min<int64_t>(total_, b + per);
-    if (b < e) (*fn_)(b, e);
+  static constexpr int kBlocksPerThread = 8;
+  // Takes blocks until none are left. Block i covers [total * i / blocks, total * (i + 1) / blocks).
+  void run_blocks() {
+    for (;;) {
+      const int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= blocks_) return;
+      const int64_t b = total_ * i / blocks_, e = total_ * (i + 1) / blocks_;
+      if (b < e) (*fn_)(b, e);
+    }
   }
   void worker(int i) {
     uint64_t seen = 0;
@@ -74,7 +85,7 @@ class StdThreadPool final : public ThreadPool {
         if (stop_) return;
         seen = generation_;
       }
-      run_block(i);
+      run_blocks();
       {
         std::lock_guard<std::mutex> l(mu_);
         if (--pending_ == 0) done_cv_.notify_one();
@@ -87,7 +98,8 @@ class StdThreadPool final : public ThreadPool {
   std::mutex job_mu_, mu_;
   std::condition_variable cv_, done_cv_;
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
-  int64_t total_ = 0;
+  int64_t total_ = 0, blocks_ = 0;
+  std::atomic<int64_t> next_{0};
   int pending_ = 0;
   uint64_t generation_ = 0;
   bool stop_ = false;
