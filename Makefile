@@ -21,7 +21,7 @@ export EMBEDLAB_CPU_ISA ?= AUTO
 LAB_IP ?= 127.0.0.1
 LAB_PORT ?= 8888
 
-.PHONY: help setup run test test-py test-nb lab lab-test docker-test bench clean FORCE
+.PHONY: help setup run test test-py test-nb lab lab-test docker-test bench bench-peers clean FORCE
 help:
 	@echo "make setup  create .venv, install requirements.txt, build and install helpers/ (idempotent)"
 	@echo "make run    setup, then execute every notebook into build/notebooks (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small})"
@@ -30,6 +30,7 @@ help:
 	@echo "make lab-test     start \`make lab\` and run notebook 01 in it with headless Chromium"
 	@echo "make docker-test  build docker/Dockerfile.cpu, start it with its own CMD, browser-test its lab"
 	@echo "make bench  setup, then the benchmark scripts in helpers/benchmarks"
+	@echo "make bench-peers  lookup_cpu.py beside torch's EmbeddingBag (torch CPU wheel in $(PEERS_VENV), never in .venv)"
 	@echo "make clean  remove build outputs and empty data/cache/"
 
 setup: $(VENV)/.requirements $(VENV)/.embedlab
@@ -119,6 +120,29 @@ bench: setup
 	if $(PY) -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then \
 	  $(PY) helpers/benchmarks/lookup_gpu.py; \
 	else echo "lookup_gpu.py skipped: no PyTorch with a CUDA device in $(VENV) (see its docstring)"; fi
+
+# The CPU lookup benchmark with the peers' columns: torch.nn.EmbeddingBag (and FBGEMM's CPU TBE,
+# fbgemm-gpu-cpu, where a wheel matching that torch installs). torch goes into its own environment,
+# $(PEERS_VENV), which sees .venv's packages (TensorFlow, embedlab) through a .pth file; .venv and
+# `make setup` never get it. PyPI's default torch is the CUDA build (several GB): PEERS_PIP_ARGS points
+# pip at PyTorch's CPU index (where that index cannot be reached, pip's own find-links/indexes answer).
+PEERS_VENV := build/peers-venv
+PEERS_TORCH ?= torch==2.13.0
+PEERS_PIP_ARGS ?= --index-url https://download.pytorch.org/whl/cpu
+PEERS_ARGS ?=
+bench-peers: setup
+	@if [ ! -f $(PEERS_VENV)/.torch ]; then \
+	  echo "== creating $(PEERS_VENV) with $(PEERS_TORCH) (CPU build) beside .venv's packages"; \
+	  $$(readlink -f $(PY)) -m venv --without-pip $(PEERS_VENV) 2>/dev/null || $(PYTHON) -m venv --without-pip $(PEERS_VENV); \
+	  site=$$($(PEERS_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_path('purelib'))"); \
+	  $(PY) -c "import sysconfig; print(sysconfig.get_path('purelib'))" > "$$site/embedlab_venv.pth"; \
+	  $(PIP) --python $(PEERS_VENV)/bin/python install -q $(PEERS_PIP_ARGS) "$(PEERS_TORCH)"; \
+	  $(PEERS_VENV)/bin/python -c "import torch; assert not torch.version.cuda, 'a CUDA torch: use its CPU wheel'; print('   torch', torch.__version__)"; \
+	  $(PIP) --python $(PEERS_VENV)/bin/python install -q --no-deps $(PEERS_PIP_ARGS) fbgemm-gpu-cpu \
+	    && $(PEERS_VENV)/bin/python -c "import torch, fbgemm_gpu" \
+	    || echo "   fbgemm-gpu-cpu did not install for this torch: its column is left out"; \
+	  touch $(PEERS_VENV)/.torch; fi
+	$(PEERS_VENV)/bin/python helpers/benchmarks/lookup_cpu.py $(PEERS_ARGS)
 
 # Serve notebook 05's export with tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002)
 # until Ctrl-C; run notebook 05 (the export) first. Options: $(PY) -m embedlab.serving --help

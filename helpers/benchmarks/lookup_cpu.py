@@ -82,6 +82,14 @@ def _parse():
                    help="steps per tf.function call in the in-graph measurement (like Keras' "
                         "steps_per_execution); each step takes the next of this many batches")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peers", choices=["auto", "only", "off"], default="auto",
+                   help="the peers block (torch's EmbeddingBag beside EmbedLab's framework-free core and its "
+                        "TensorFlow op on the same tables): auto = when torch imports, only = skip the "
+                        "TensorFlow-vs-TensorFlow block, off = never")
+    p.add_argument("--peer-pages", choices=["huge", "4k"], default="huge",
+                   help="pages of the peers block's tables (one buffer per table, read by every side): "
+                        "2 MiB transparent huge pages (MADV_HUGEPAGE) or 4 KiB pages (MADV_NOHUGEPAGE, "
+                        "and EMBEDLAB_HUGE_PAGES=0 for the TensorFlow copies)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON path (default results/lookup_cpu_<machine>_<date>.json)")
     return p.parse_args()
@@ -123,7 +131,7 @@ def _block(res):
     # sure the work is done (no async executor hides time).
     import tensorflow as tf
     flat = tf.nest.flatten(res)
-    if flat:
+    if flat and isinstance(flat[0], tf.Tensor):  # the peers' cases (torch, NumPy) return None: synchronous
         flat[0].numpy()
 
 
@@ -360,9 +368,200 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     return res
 
 
+def _page_buffer(shape, huge):
+    """A float32 NumPy array on its own anonymous mapping, advised onto 2 MiB huge pages or kept
+    on 4 KiB pages before anything touches it (so every page is of that kind)."""
+    import mmap
+    n = int(np.prod(shape)) * 4
+    m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE if huge else mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(m, np.float32).reshape(shape)
+
+
+def _huge_kb(arrays):
+    """KiB of the arrays' address ranges that sit on transparent huge pages (/proc/self/smaps)."""
+    ranges = [(x.__array_interface__["data"][0], x.__array_interface__["data"][0] + x.nbytes) for x in arrays]
+    total, cur = 0, None
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5:
+                    lo, hi = (int(v, 16) for v in head[0].split("-"))
+                    cur = (lo, hi) if any(lo < e and b < hi for b, e in ranges) else None
+                elif cur and head[0] == "AnonHugePages:":
+                    total += int(head[1])
+    except OSError:
+        return None
+    return total
+
+
+def run_peers(dim, a, tf, ops, eopt, _native, torch):
+    """torch.nn.EmbeddingBag (FBGEMM's JIT EmbeddingSpMDM on the CPU) against EmbedLab on the same
+    tables: one NumPy buffer per table that torch wraps without a copy (`from_pretrained`), so
+    both sides read the very same pages; EmbedLab's framework-free core (`_native.core()`) on
+    those arrays, and, where memory allows a second copy, EmbedLab's TensorFlow op on variables
+    holding the same values, in graph (K steps per call) and eagerly. All cases interleaved.
+
+    Forward: sum pooling, torch under no_grad. Step: forward, the gradient of
+    sum_t sum(out_t * r_t), SGD lr 0.01. torch: EmbeddingBag(sparse=True) + torch.optim.SGD;
+    core: lookup_forward, then lookup_backward_apply per table (sums each key's gradient and
+    updates its row, no gradient tensors); TensorFlow: fused_embedding_lookup(optimizer=SGD).
+    """
+    from embedlab import _native as native
+    core = native.core()
+    rng = np.random.default_rng(a.seed + 7 * dim)
+    T, B, K = a.tables, a.batch, a.steps_per_call
+    huge = a.peer_pages == "huge"
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"[dim {dim}] peers: {T} tables of {a.rows:,} x {dim} on {'2 MiB huge' if huge else '4 KiB'} pages, "
+          f"torch {torch.__version__} ({torch.get_num_threads()} threads)...", flush=True)
+    arrays = []
+    for t in range(T):
+        x = _page_buffer((a.rows, dim), huge)
+        for r0 in range(0, a.rows, 1 << 18):  # filled in slices: no table-sized temporary
+            r1 = min(a.rows, r0 + (1 << 18))
+            x[r0:r1] = rng.uniform(-0.05, 0.05, size=(r1 - r0, dim)).astype(np.float32)
+        arrays.append(x)
+    huge_kb = _huge_kb(arrays)
+    bags = [torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(x), freeze=False, mode="sum", sparse=True,
+                                                  include_last_offset=True) for x in arrays]
+    assert all(b.weight.data_ptr() == x.__array_interface__["data"][0] for b, x in zip(bags, arrays))
+    t_opt = torch.optim.SGD([b.weight for b in bags], lr=0.01)
+    batches = []
+    for _ in range(K):
+        offs, keys = [], []
+        for _ in range(T):
+            c = rng.integers(1, a.max_keys + 1, size=B)
+            o = np.zeros(B + 1, np.int64)
+            np.cumsum(c, out=o[1:])
+            offs.append(o)
+            keys.append(rng.integers(0, a.rows, size=int(o[-1]), dtype=np.int64))
+        batches.append((offs, keys, [torch.from_numpy(o) for o in offs], [torch.from_numpy(k) for k in keys]))
+    nkeys = sum(len(k) for k in batches[0][1])
+    r_np = [rng.standard_normal((B, dim)).astype(np.float32) for _ in range(T)]
+    r_t = [torch.from_numpy(x) for x in r_np]
+    comb = ["sum"] * T
+
+    class Ring:
+        i = 0
+
+        def next(self):
+            self.i += 1
+            return batches[self.i % K]
+
+    def torch_fwd(_, ring=Ring()):
+        _, _, o, k = ring.next()
+        with torch.no_grad():
+            [bags[t](k[t], o[t]) for t in range(T)]
+
+    def torch_step(_, ring=Ring()):
+        _, _, o, k = ring.next()
+        t_opt.zero_grad(set_to_none=True)
+        loss = sum((bags[t](k[t], o[t]) * r_t[t]).sum() for t in range(T))
+        loss.backward()
+        t_opt.step()
+
+    def core_fwd(_, ring=Ring()):
+        offs, keys, _, _ = ring.next()
+        outs = [np.empty((B, dim), np.float32) for _ in range(T)]  # fresh, as torch's
+        core.lookup_forward(arrays, offs, keys, None, comb, outs)
+
+    def core_step(_, ring=Ring()):
+        offs, keys, _, _ = ring.next()
+        outs = [np.empty((B, dim), np.float32) for _ in range(T)]
+        core.lookup_forward(arrays, offs, keys, None, comb, outs)
+        for t in range(T):  # d(sum(out * r))/d(out) = r
+            core.lookup_backward_apply(arrays[t], offs[t], keys[t], None, "sum", r_np[t], "sgd", 0.01)
+
+    # The same answer first: torch's forward and the core's, bit for bit.
+    offs, keys, o_t, k_t = batches[0]
+    outs = [np.empty((B, dim), np.float32) for _ in range(T)]
+    core.lookup_forward(arrays, offs, keys, None, comb, outs)
+    with torch.no_grad():
+        same_bits = all(bags[t](k_t[t], o_t[t]).numpy().tobytes() == outs[t].tobytes() for t in range(T))
+        for t in range(T):
+            np.testing.assert_allclose(bags[t](k_t[t], o_t[t]).numpy(), outs[t], rtol=1e-5, atol=1e-6)
+
+    cases = {"peer_fwd_torch_ms": (torch_fwd, None), "peer_fwd_core_ms": (core_fwd, None),
+             "peer_step_torch_ms": (torch_step, None), "peer_step_core_ms": (core_step, None)}
+    need = T * a.rows * dim * 4 * 1.3
+    avail = _available_bytes()
+    with_tf = avail is None or need < avail
+    if with_tf:
+        print(f"[dim {dim}] peers: TensorFlow variables with the same values (a second copy)...", flush=True)
+        tables = [tf.Variable(x) for x in arrays]
+        rg = [[tf.RaggedTensor.from_row_splits(tf.constant(k), tf.constant(o), validate=False)
+               for o, k in zip(b[0], b[1])] for b in batches]
+        sgd = eopt.SGD(learning_rate=0.01)
+        sgd.build(tables)
+
+        def tf_loss(outs):
+            return tf.add_n([tf.reduce_sum(x * r) for x, r in zip(outs, r_np)])
+
+        def graph(step):
+            @tf.function
+            def run(_):
+                dep = tf.constant(0.0)
+                for b in range(K):
+                    with tf.control_dependencies([dep]):
+                        ids = [tf.nest.map_structure(tf.identity, x, expand_composites=True) for x in rg[b]]
+                    res = step(ids)
+                    with tf.control_dependencies(tf.nest.flatten(res)):
+                        dep = tf.identity(dep)
+                return dep
+            return run
+
+        def fwd(ids):
+            return ops.fused_embedding_lookup(tables, ids, "sum")
+
+        def step(ids):
+            with tf.GradientTape() as tape:
+                loss = tf_loss(ops.fused_embedding_lookup(tables, ids, "sum", optimizer=sgd))
+            tape.gradient(loss, tables)
+            return loss
+
+        def eager_fwd(_, ring=Ring()):
+            ring.next()
+            return ops.fused_embedding_lookup(tables, rg[ring.i % K], "sum")
+
+        got = ops.fused_embedding_lookup(tables, rg[0], "sum")
+        same_bits_tf = all(g.numpy().tobytes() == x.tobytes() for g, x in zip(got, outs))
+        cases.update({"peer_fwd_graph_ms": (graph(fwd), 0), "peer_step_graph_ms": (graph(step), 0),
+                      "peer_fwd_eager_ms": (eager_fwd, None)})
+    else:
+        print(f"[dim {dim}] peers: no TensorFlow copy of the tables (needs ~{need / 2**30:.1f} GiB, "
+              f"{avail / 2**30:.1f} GiB available)", flush=True)
+    print(f"[dim {dim}] peers: timing (all cases interleaved)...", flush=True)
+    med, mins = _interleaved_ms(cases, a.warmup, a.repeats)
+    for d in (med, mins):
+        for k in ("peer_fwd_graph_ms", "peer_step_graph_ms"):
+            if k in d:
+                d[k] /= K
+    res = {"peer_dim": dim, "peer_pages": a.peer_pages, "peer_table_huge_kib": huge_kb,
+           "peer_table_kib": T * a.rows * dim * 4 // 1024, "peer_keys_per_batch": nkeys,
+           "peer_torch": torch.__version__, "peer_fwd_bits_equal_torch_core": same_bits, **med,
+           "peer_min": mins}
+    res["peer_fwd_ratio_core"] = med["peer_fwd_torch_ms"] / med["peer_fwd_core_ms"]
+    res["peer_step_ratio_core"] = med["peer_step_torch_ms"] / med["peer_step_core_ms"]
+    if with_tf:
+        res["peer_fwd_bits_equal_tf_core"] = same_bits_tf
+        res["peer_fwd_ratio_graph"] = med["peer_fwd_torch_ms"] / med["peer_fwd_graph_ms"]
+        res["peer_step_ratio_graph"] = med["peer_step_torch_ms"] / med["peer_step_graph_ms"]
+        res["peer_core_over_graph_fwd"] = med["peer_fwd_core_ms"] / med["peer_fwd_graph_ms"]
+        res["peer_core_over_graph_step"] = med["peer_step_core_ms"] / med["peer_step_graph_ms"]
+        res["peer_eager_overhead_ms"] = med["peer_fwd_eager_ms"] - med["peer_fwd_graph_ms"]
+        del tables
+    res["peer_load_average_after"] = os.getloadavg()[0]
+    del bags, t_opt, arrays
+    return res
+
+
 def main():
     a = _parse()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if a.peer_pages == "4k":  # the TensorFlow copies of the peers block stay on 4 KiB pages too
+        os.environ["EMBEDLAB_HUGE_PAGES"] = "0"
     try:
         import embedlab  # the installed package (make setup), or the source tree on PYTHONPATH
     except ImportError:
@@ -374,78 +573,112 @@ def main():
     from embedlab import _native, ops
     from embedlab import optimizers as eopt
 
+    torch = None
+    if a.peers != "off":
+        try:
+            import torch
+        except ImportError:
+            if a.peers == "only":
+                sys.exit("--peers only needs torch: `make bench-peers` creates an environment with its CPU build")
+            print("torch is not importable: no peers block (`make bench-peers` runs this script with it)", flush=True)
+
     import gc
-    results = []
+    results, peer_results = [], []
     for d in a.dims:
         need = a.tables * a.rows * d * 4 * 1.25 + _STREAM_FLOATS * 4  # tables + temporaries, the read buffer
         avail = _available_bytes()
-        if avail is not None and need > avail:
-            print(f"[dim {d}] skipped: needs ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available "
-                  f"(lower --rows or drop this dim)", flush=True)
-            continue
-        results.append(run_dim(d, a, tf, keras, ops, eopt, _native))
-        gc.collect()          # free this dim's tables (captured by its tf.functions) before the next
+        if a.peers != "only":
+            if avail is not None and need > avail:
+                print(f"[dim {d}] skipped: needs ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available "
+                      f"(lower --rows or drop this dim)", flush=True)
+            else:
+                results.append(run_dim(d, a, tf, keras, ops, eopt, _native))
+                gc.collect()          # free this dim's tables (captured by its tf.functions) before the next
+        if torch is not None:
+            avail = _available_bytes()
+            if avail is not None and a.tables * a.rows * d * 4 * 1.1 > avail:
+                print(f"[dim {d}] peers skipped: {avail / 2**30:.1f} GiB available", flush=True)
+            else:
+                peer_results.append(run_peers(d, a, tf, ops, eopt, _native, torch))
+                gc.collect()
         try:
             import psutil
             print(f"[dim {d}] done; process RSS {psutil.Process().memory_info().rss / 2**30:.1f} GiB", flush=True)
         except ImportError:
             pass
-    if not results:
+    if not results and not peer_results:
         sys.exit("no dimension fitted in memory; nothing measured")
     machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                "tensorflow": tf.__version__, "keras": keras.__version__,
-               "embedlab": embedlab.__version__, "embedlab_cpu_isa": embedlab.build_info().get("cpu_isa")}
+               "embedlab": embedlab.__version__, "embedlab_cpu_isa": embedlab.build_info().get("cpu_isa"),
+               "torch": torch.__version__ if torch is not None else None}
     cmd = "PYTHONPATH=helpers python helpers/benchmarks/lookup_cpu.py " + " ".join(sys.argv[1:])
-    hdr = (f"{'dim':>4} | {'fwd TF ms':>9} | {'fwd EL coo':>10} | {'fwd EL csr':>10} | {'fwd x (coo/csr)':>15} | "
-           f"{'f+b TF':>7} | {'f+b EL':>7} | {'step TF ms':>10} | {'step EL coo':>11} | {'step EL csr':>11} | "
-           f"{'step x (coo/csr)':>16}")
-    print()
-    print(f"{a.tables} tables x {a.rows:,} rows, batch {a.batch}, 1-{a.max_keys} keys/row ({a.keys} keys), "
-          f"median of {a.repeats}; machine: {machine['cpu']}, {machine['cores']} cores, TF {tf.__version__}")
-    print(hdr)
-    print("-" * len(hdr))
-    for r in results:
-        print(f"{r['dim']:>4} | {r['fwd_native_ms']:>9.2f} | {r['fwd_embedlab_coo_ms']:>10.2f} | "
-              f"{r['fwd_embedlab_csr_ms']:>10.2f} | {r['fwd_ratio_coo']:>6.2f} / {r['fwd_ratio_csr']:<6.2f} | "
-              f"{r['fwdbwd_native_ms']:>7.2f} | {r['fwdbwd_embedlab_coo_ms']:>7.2f} | "
-              f"{r['step_native_ms']:>10.2f} | {r['step_embedlab_coo_ms']:>11.2f} | "
-              f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}"
-              f"  (load avg {r['load_average_before']:.1f} -> {r['load_average_after']:.1f})")
-    print()
-    print(f"In graph, {a.steps_per_call} steps per tf.function call (ms per step): forward TF | forward EmbedLab "
-          "COO / CSR | ratios || step TF | step EmbedLab (apply_gradients) | ratio | the same unfused | ratio | "
-          "optimizer in backward COO / CSR | ratios; "
-          "per call: step with optimizer in backward | ratio")
-    for r in results:
-        print(f"{r['dim']:>4} | {r['graph_fwd_native_ms']:7.2f} | {r['graph_fwd_embedlab_ms']:7.2f} / "
-              f"{r['graph_fwd_embedlab_csr_ms']:7.2f} | {r['graph_fwd_ratio']:5.2f}x / {r['graph_fwd_ratio_csr']:5.2f}x || "
-              f"{r['graph_step_native_ms']:7.2f} | {r['graph_step_embedlab_ms']:7.2f} | {r['graph_step_ratio']:5.2f}x | "
-              f"{r['graph_step_embedlab_unfused_ms']:7.2f} | {r['graph_step_ratio_unfused']:5.2f}x | "
-              f"{r['graph_step_embedlab_fused_ms']:7.2f} / {r['graph_step_embedlab_fused_csr_ms']:7.2f} | "
-              f"{r['graph_step_ratio_fused']:5.2f}x / {r['graph_step_ratio_fused_csr']:5.2f}x; "
-              f"{r['step_embedlab_fused_ms']:7.2f} | {r['step_ratio_fused']:5.2f}x")
-    print()
-    print("Per call, TensorFlow's cost of calling a tf.function with the 26 SparseTensors (a no-op body) "
-          "and the ceiling it puts on the per-call ratios (native time / that cost): ms | forward | step")
-    for r in results:
-        print(f"{r['dim']:>4} | {r['call_overhead_ms']:5.2f} | {r['fwd_ratio_per_call_ceiling']:5.2f}x | "
-              f"{r['step_ratio_per_call_ceiling']:5.2f}x")
-    print()
-    print("Streaming read of a 1 GiB buffer (GB/s, median / best), the batch's rows at the best rate (ms: a "
-          "floor under any forward) and the highest in-graph forward ratio that floor allows:")
-    for r in results:
-        print(f"{r['dim']:>4} | {r['stream_read_gbps']:5.1f} / {r['stream_read_best_gbps']:5.1f} | "
-              f"{r['fwd_floor_stream_ms']:6.2f} | {r['graph_fwd_ratio_stream_ceiling']:5.2f}x")
-    print()
-    print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
-          "backward kernel | SGD apply kernel | sum | full CSR step")
-    for r in results:
-        ps = [r["piece_coo_to_csr_ms"], r["piece_fwd_kernel_ms"], r["piece_bwd_kernel_ms"], r["piece_sgd_apply_ms"]]
-        print(f"{r['dim']:>4} | " + " | ".join(f"{p:7.2f}" for p in ps)
-              + f" | {sum(ps[1:]):7.2f} | {r['step_embedlab_csr_ms']:7.2f}")
+    if results:
+        hdr = (f"{'dim':>4} | {'fwd TF ms':>9} | {'fwd EL coo':>10} | {'fwd EL csr':>10} | {'fwd x (coo/csr)':>15} | "
+               f"{'f+b TF':>7} | {'f+b EL':>7} | {'step TF ms':>10} | {'step EL coo':>11} | {'step EL csr':>11} | "
+               f"{'step x (coo/csr)':>16}")
+        print()
+        print(f"{a.tables} tables x {a.rows:,} rows, batch {a.batch}, 1-{a.max_keys} keys/row ({a.keys} keys), "
+              f"median of {a.repeats}; machine: {machine['cpu']}, {machine['cores']} cores, TF {tf.__version__}")
+        print(hdr)
+        print("-" * len(hdr))
+        for r in results:
+            print(f"{r['dim']:>4} | {r['fwd_native_ms']:>9.2f} | {r['fwd_embedlab_coo_ms']:>10.2f} | "
+                  f"{r['fwd_embedlab_csr_ms']:>10.2f} | {r['fwd_ratio_coo']:>6.2f} / {r['fwd_ratio_csr']:<6.2f} | "
+                  f"{r['fwdbwd_native_ms']:>7.2f} | {r['fwdbwd_embedlab_coo_ms']:>7.2f} | "
+                  f"{r['step_native_ms']:>10.2f} | {r['step_embedlab_coo_ms']:>11.2f} | "
+                  f"{r['step_embedlab_csr_ms']:>11.2f} | {r['step_ratio_coo']:>7.2f} / {r['step_ratio_csr']:<6.2f}"
+                  f"  (load avg {r['load_average_before']:.1f} -> {r['load_average_after']:.1f})")
+        print()
+        print(f"In graph, {a.steps_per_call} steps per tf.function call (ms per step): forward TF | forward EmbedLab "
+              "COO / CSR | ratios || step TF | step EmbedLab (apply_gradients) | ratio | the same unfused | ratio | "
+              "optimizer in backward COO / CSR | ratios; "
+              "per call: step with optimizer in backward | ratio")
+        for r in results:
+            print(f"{r['dim']:>4} | {r['graph_fwd_native_ms']:7.2f} | {r['graph_fwd_embedlab_ms']:7.2f} / "
+                  f"{r['graph_fwd_embedlab_csr_ms']:7.2f} | {r['graph_fwd_ratio']:5.2f}x / {r['graph_fwd_ratio_csr']:5.2f}x || "
+                  f"{r['graph_step_native_ms']:7.2f} | {r['graph_step_embedlab_ms']:7.2f} | {r['graph_step_ratio']:5.2f}x | "
+                  f"{r['graph_step_embedlab_unfused_ms']:7.2f} | {r['graph_step_ratio_unfused']:5.2f}x | "
+                  f"{r['graph_step_embedlab_fused_ms']:7.2f} / {r['graph_step_embedlab_fused_csr_ms']:7.2f} | "
+                  f"{r['graph_step_ratio_fused']:5.2f}x / {r['graph_step_ratio_fused_csr']:5.2f}x; "
+                  f"{r['step_embedlab_fused_ms']:7.2f} | {r['step_ratio_fused']:5.2f}x")
+        print()
+        print("Per call, TensorFlow's cost of calling a tf.function with the 26 SparseTensors (a no-op body) "
+              "and the ceiling it puts on the per-call ratios (native time / that cost): ms | forward | step")
+        for r in results:
+            print(f"{r['dim']:>4} | {r['call_overhead_ms']:5.2f} | {r['fwd_ratio_per_call_ceiling']:5.2f}x | "
+                  f"{r['step_ratio_per_call_ceiling']:5.2f}x")
+        print()
+        print("Streaming read of a 1 GiB buffer (GB/s, median / best), the batch's rows at the best rate (ms: a "
+              "floor under any forward) and the highest in-graph forward ratio that floor allows:")
+        for r in results:
+            print(f"{r['dim']:>4} | {r['stream_read_gbps']:5.1f} / {r['stream_read_best_gbps']:5.1f} | "
+                  f"{r['fwd_floor_stream_ms']:6.2f} | {r['graph_fwd_ratio_stream_ceiling']:5.2f}x")
+        print()
+        print("EmbedLab step pieces, each timed alone (ms, median): COO->CSR | forward kernel (CSR) | "
+              "backward kernel | SGD apply kernel | sum | full CSR step")
+        for r in results:
+            ps = [r["piece_coo_to_csr_ms"], r["piece_fwd_kernel_ms"], r["piece_bwd_kernel_ms"], r["piece_sgd_apply_ms"]]
+            print(f"{r['dim']:>4} | " + " | ".join(f"{p:7.2f}" for p in ps)
+                  + f" | {sum(ps[1:]):7.2f} | {r['step_embedlab_csr_ms']:7.2f}")
+    if peer_results:
+        print()
+        print("Peers, the same tables (one buffer each, read by every side), interleaved, ms per batch (median): "
+              "forward torch EmbeddingBag | EmbedLab core from NumPy | EmbedLab in graph | ratios torch/core, "
+              "torch/graph || step (fwd + bwd + SGD) the same || core / graph (fwd, step) | eager forward "
+              "overhead (eager - in graph) | pages (huge KiB / table KiB)")
+        for r in peer_results:
+            g = lambda k, f="7.2f": format(r[k], f) if k in r else "   -   "  # noqa: E731
+            print(f"{r['peer_dim']:>4} | {r['peer_fwd_torch_ms']:7.2f} | {r['peer_fwd_core_ms']:7.2f} | "
+                  f"{g('peer_fwd_graph_ms')} | {r['peer_fwd_ratio_core']:5.2f}x / {g('peer_fwd_ratio_graph', '5.2f')}x || "
+                  f"{r['peer_step_torch_ms']:7.2f} | {r['peer_step_core_ms']:7.2f} | {g('peer_step_graph_ms')} | "
+                  f"{r['peer_step_ratio_core']:5.2f}x / {g('peer_step_ratio_graph', '5.2f')}x || "
+                  f"{g('peer_core_over_graph_fwd', '5.2f')} , {g('peer_core_over_graph_step', '5.2f')} | "
+                  f"{g('peer_eager_overhead_ms', '6.3f')} | {r['peer_table_huge_kib']} / {r['peer_table_kib']}"
+                  f"  (forward bits equal torch/core: {r['peer_fwd_bits_equal_torch_core']})")
     out = {"command": cmd, "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v)
                                                            for k, v in vars(a).items()},
-           "results": results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           "results": results, "peers": peer_results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if a.out is None:
         a.out = _results.default_out("lookup_cpu", _results.cpu_machine())
     a.out.parent.mkdir(parents=True, exist_ok=True)
