@@ -15,6 +15,10 @@ What it does, in one run on one GPU:
      backward+optimizer, our plain backward, and the PyTorch baselines, on
        10M x 128 fp32, 65,536 x 26 lookups of 1 key; the same with 10 keys per lookup;
        10M x 16 with 1 key; uniform and Zipf(1.05) keys; and 26 tables of different sizes.
+For the workloads of one key per lookup, the floor is the same rows gathered with the indices
+known (`_gather_rows_cuda`: one thread per 16-byte chunk, no offsets, no combiner); "of floor" is
+its time over ours, and the forward and the floor are timed in turn 7 times more (the spread
+over those runs, in one process, is printed).
 Bandwidth is reported the FBGEMM way: bytes that must move (each looked-up row read once per
 lookup, keys and offsets, outputs written; for backward+optimizer: the output gradient read,
 keys, and each touched row's weights and optimizer state read and written once) over time,
@@ -126,8 +130,9 @@ class Bench:
 
     def record(self, **row):
         self.rows.append(row)
-        print("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-              flush=True)
+        fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else (  # noqa: E731
+            "[" + ", ".join(f"{x:.4g}" for x in v) + "]" if isinstance(v, list) else f"{v}")
+        print("  " + ", ".join(f"{k}={fmt(v)}" for k, v in row.items()), flush=True)
 
     def check(self, name, ok, detail):
         self.checks.append({"check": name, "ok": bool(ok), "detail": detail})
@@ -158,6 +163,15 @@ class Bench:
                        f"max |ours - embedding_bag| = {err:.3g}, max |ref| = {scale:.3g}")
             del ref
         nbytes = fwd_bytes(nnz, nnz, batch, dim)
+        floor_ms = float("nan")
+        if per_lookup == 1:
+            # the floor: the same rows gathered with the indices known (no offsets, no combiner)
+            fl = torch.empty(batch, dim, device="cuda")
+            core._gather_rows_cuda(table, keys, fl, stream=self.stream)
+            core.lookup_forward_cuda([table], [offsets], [keys], None, ["sum"], [out], stream=self.stream, check=False)
+            self.check(f"{name}/{dist}/gather floor", bool(torch.equal(fl, out)), "floor rows == forward rows")
+            floor = lambda: core._gather_rows_cuda(table, keys, fl, stream=self.stream)  # noqa: E731
+            floor_ms = self.timer.median_ms(floor)
         for comb in ("sum", "mean"):
             ours = self.timer.median_ms(lambda: core.lookup_forward_cuda(
                 [table], [offsets], [keys], None, [comb], [out], stream=self.stream, check=False))
@@ -165,11 +179,31 @@ class Bench:
                                                                   include_last_offset=True))
             self.record(**base, op=f"forward-{comb}", ours_ms=ours, torch_ms=theirs, bytes=nbytes,
                         ours_GBps=nbytes / ours / 1e6, torch_GBps=nbytes / theirs / 1e6,
-                        ours_frac_copy=nbytes / ours / 1e6 / self.copy_GBps, speedup=theirs / ours)
+                        ours_frac_copy=nbytes / ours / 1e6 / self.copy_GBps, speedup=theirs / ours,
+                        floor_ms=floor_ms, of_floor=floor_ms / ours)
+        if per_lookup == 1:
+            # stability: the forward and the floor, timed in turn, 7 times in this process
+            fwd = lambda: core.lookup_forward_cuda([table], [offsets], [keys], None, ["sum"], [out],  # noqa: E731
+                                                   stream=self.stream, check=False)
+            runs, floors = [], []
+            for _ in range(7):
+                runs.append(self.timer.median_ms(fwd))
+                floors.append(self.timer.median_ms(floor))
+            self.record(**base, op="forward-sum x7 (spread)", ours_ms=float(np.median(runs)), torch_ms=float("nan"),
+                        bytes=nbytes, ours_GBps=nbytes / float(np.median(runs)) / 1e6, torch_GBps=float("nan"),
+                        ours_frac_copy=nbytes / float(np.median(runs)) / 1e6 / self.copy_GBps, speedup=float("nan"),
+                        floor_ms=float(np.median(floors)), of_floor=float(np.median(floors)) / float(np.median(runs)),
+                        runs_ms=runs, floor_runs_ms=floors, spread=(max(runs) - min(runs)) / min(runs),
+                        floor_spread=(max(floors) - min(floors)) / min(floors))
+            del fl
         if self.args.variant_sweep:
             self.variant_sweep(table, offsets, keys, out, nbytes, base)
         if name == "128d-1key" and dist == "uniform":
             self.forward_experiments(table, offsets, keys, out, nbytes, base)
+        if self.args.forward_only:
+            del table, out, keys, offsets
+            torch.cuda.empty_cache()
+            return
 
         # -- backward + optimizer
         dy = torch.randn(batch, dim, device="cuda")
@@ -439,10 +473,10 @@ class Bench:
         print(f"device copy: {self.copy_GBps:,.0f} GB/s (1 GiB read + 1 GiB written in {copy_ms:.3f} ms)", flush=True)
         a = self.args
         lookups = a.batch * 26
+        shapes = {"128d-1key": (128, 1), "128d-10key": (128, 10), "16d-1key": (16, 1)}
         for dist in a.dists:
-            self.single_table("128d-1key", a.rows, 128, lookups, 1, dist)
-            self.single_table("128d-10key", a.rows, 128, lookups, 10, dist)
-            self.single_table("16d-1key", a.rows, 16, lookups, 1, dist)
+            for w in a.workloads:
+                self.single_table(w, a.rows, shapes[w][0], lookups, shapes[w][1], dist)
             if not a.skip_multi:
                 self.multi_table(dist, a.batch)
         self.report()
@@ -450,10 +484,13 @@ class Bench:
     def report(self):
         print("\n" + "=" * 118)
         print(f"{'workload':<12}{'dist':<9}{'op':<34}{'ours ms':>9}{'torch ms':>10}{'ours GB/s':>11}"
-              f"{'torch GB/s':>11}{'of copy':>9}{'speedup':>9}")
+              f"{'torch GB/s':>11}{'of copy':>9}{'speedup':>9}{'floor ms':>9}{'of floor':>9}{'spread':>8}")
         for r in self.rows:
+            fl, of = r.get("floor_ms", float("nan")), r.get("of_floor", float("nan"))
+            sp = f"{r['spread']:>8.1%}" if "spread" in r else f"{'':>8}"
             print(f"{r['workload']:<12}{r['dist']:<9}{r['op']:<34}{r['ours_ms']:>9.3f}{r['torch_ms']:>10.3f}"
-                  f"{r['ours_GBps']:>11,.0f}{r['torch_GBps']:>11,.0f}{r['ours_frac_copy']:>9.1%}{r['speedup']:>9.2f}")
+                  f"{r['ours_GBps']:>11,.0f}{r['torch_GBps']:>11,.0f}{r['ours_frac_copy']:>9.1%}{r['speedup']:>9.2f}"
+                  f"{fl:>9.3f}{of:>9.1%}{sp}")
         print(f"device copy: {self.copy_GBps:,.0f} GB/s on {self.info['gpu']} (driver {self.info['driver']})")
         path = out_path("lookup_gpu", self.info)
         path.write_text(json.dumps({
@@ -472,6 +509,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--dists", nargs="+", default=["uniform", "zipf"], choices=["uniform", "zipf"])
     ap.add_argument("--skip-multi", action="store_true", help="skip the 26-table workload")
+    ap.add_argument("--workloads", nargs="+", default=["128d-1key", "128d-10key", "16d-1key"],
+                    choices=["128d-1key", "128d-10key", "16d-1key"])
+    ap.add_argument("--forward-only", action="store_true", help="time the forward only (no backward)")
     ap.add_argument("--variant", type=int, nargs=3, default=None, metavar=("R", "U", "MINBLK"),
                     help="forward variant for every timing (default: the library's)")
     ap.add_argument("--variant-sweep", action="store_true",

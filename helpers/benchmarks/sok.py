@@ -14,7 +14,12 @@ Modes (one JSON per run under helpers/benchmarks/results/sok_<mode>_<machine>_<d
   the exchange), and the two float all-to-alls alone at the step's sizes. Reports the
   exchange's share of the step and the bytes one worker sends per step.
 * `--mode gpu-routing` (needs only `_embedlab_core` built with CUDA, and PyTorch): the CUDA
-  routing kernels (count + scatter) at 26 x 65,536 keys for 8 and 64 owners, keys/s.
+  routing pair (route_count_cuda with a device status array + route_scatter_cuda(check=False)
+  into a compact send array of nnz entries: no host synchronization) at 26 x 65,536 keys for 8
+  and 64 owners, against a PyTorch argsort bucketing with the same output (counts, send,
+  inverse; checked equal to route_keys first), the padded layout with the busiest owner's count
+  read back, and the memory floor (keys read, send and inverse written once, at the measured
+  device-copy bandwidth), CUDA events, medians.
 
 Usage:
     python helpers/benchmarks/sok.py --mode local --rows 1000000 --repeats 15
@@ -219,50 +224,130 @@ def run_workers(args):
     return json.loads(path.read_text())
 
 
+def _events_ms(torch, fn, reps, inner=10, warmup=3):
+    """Median over reps of (CUDA-event time around `inner` back-to-back fn() calls) / inner."""
+    times = []
+    for i in range(warmup + reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        if i >= warmup:
+            times.append(a.elapsed_time(b) / inner)
+    return float(np.median(times))
+
+
 def run_gpu_routing(args):
+    """The CUDA routing pair (count + scatter) against a PyTorch argsort bucketing with the same
+    output, and the memory floor of the bytes it must move, in one run."""
     import torch
-    try:
-        import _embedlab_core as core
-    except ImportError:
-        from embedlab import _native
-        core = _native.core()
-    res = {"mode": "gpu-routing", "device": torch.cuda.get_device_name(), "runs": []}
+    sys.path.insert(0, str(HERE))
+    from _gpu import gpu_info, load_core
+    core = load_core()
+    info = gpu_info(torch)
+    res = {"mode": "gpu-routing", "device": torch.cuda.get_device_name(), "info": info, "runs": []}
     rng = np.random.default_rng(0)
     stream = torch.cuda.current_stream().cuda_stream
+    n_copy = 1 << 28
+    src = torch.randn(n_copy, device="cuda")
+    dst = torch.empty_like(src)
+    copy_gbs = 2 * 4 * n_copy / (_events_ms(torch, lambda: dst.copy_(src), args.repeats, inner=3) * 1e-3) / 1e9
+    del src, dst
+    res["copy_gb_per_s"] = copy_gbs
+    print(f"{info['gpu']}: device copy {copy_gbs:,.0f} GB/s (read + write)")
+    per, rows_t = 65536, 10_000_000
+    try:  # does this build count without a host synchronization?
+        st = torch.empty(8, dtype=torch.int64, device="cuda")
+        core.route_count_cuda(torch.zeros(1, dtype=torch.int64, device="cuda"), np.array([0, 1], np.int64), [0], [1],
+                              [0], 1, torch.empty((1, 1), dtype=torch.int64, device="cuda"), stream, status=st)
+        asynchronous = True
+    except TypeError:
+        asynchronous = False
     for n in (8, 64):
-        per = 65536
-        keys = rng.integers(0, 10_000_000, size=T * per).astype(np.int64)
+        keys = rng.integers(0, rows_t, size=T * per).astype(np.int64)
+        keys[rng.random(keys.size) < 0.01] = -1  # some padding
         offsets = (np.arange(T + 1) * per).astype(np.int64)
-        modes, rows, ranks = [0] * T, [10_000_000] * T, [0] * T
+        modes, rows, ranks = [0] * T, [rows_t] * T, [0] * T
+        nnz = keys.size
         dk = torch.from_numpy(keys).cuda()
         counts = torch.empty((n, T), dtype=torch.int64, device="cuda")
-        total, mx = core.route_count_cuda(dk, offsets, modes, rows, ranks, n, counts, stream)
-        send = torch.empty((n * mx,), dtype=torch.int64, device="cuda")
+        status = torch.empty(8, dtype=torch.int64, device="cuda")
+        send = torch.empty(nnz, dtype=torch.int64, device="cuda")  # compact, bounded by nnz: no size needed
         inv = torch.empty_like(dk)
-        for _ in range(3):
-            core.route_scatter_cuda(dk, offsets, modes, rows, ranks, n, counts, mx, send, inv, stream)
+        wkw = {}
+        if hasattr(core, "route_cuda_workspace_size"):  # scratch allocated once, outside the timed pair
+            wkw = {"workspace": torch.empty(core.route_cuda_workspace_size(offsets, n), dtype=torch.uint8,
+                                            device="cuda")}
+
+        def ours():
+            if asynchronous:
+                core.route_count_cuda(dk, offsets, modes, rows, ranks, n, counts, stream, status=status, **wkw)
+                core.route_scatter_cuda(dk, offsets, modes, rows, ranks, n, counts, 0, send, inv, stream,
+                                        check=False, status=status, **wkw)
+            else:  # the count reads the total back (one synchronization)
+                total, _ = core.route_count_cuda(dk, offsets, modes, rows, ranks, n, counts, stream)
+                core.route_scatter_cuda(dk, offsets, modes, rows, ranks, n, counts, 0, send[:total], inv, stream)
+
+        # PyTorch: bucket = owner * T + table (padding last), a stable argsort, a gather, a scatter.
+        table_of = torch.repeat_interleave(torch.arange(T, device="cuda"), per)
+        ar = torch.arange(nnz, device="cuda")
+        t_send = torch.empty(nnz, dtype=torch.int64, device="cuda")
+        t_inv = torch.empty(nnz, dtype=torch.int64, device="cuda")
+
+        def theirs():
+            pad = dk == -1
+            bucket = torch.where(pad, n * T, (dk % n) * T + table_of)
+            t_counts = torch.bincount(bucket, minlength=n * T + 1)[: n * T].view(n, T)
+            perm = torch.argsort(bucket, stable=True)
+            torch.index_select(torch.where(pad, -1, dk // n), 0, perm, out=t_send)
+            t_inv.index_copy_(0, perm, ar)
+            t_inv.masked_fill_(pad, -1)
+            return t_counts
+
+        # same output first: ours == route_keys (CPU) == PyTorch's
+        send.fill_(-7)
+        ours()
+        t_counts = theirs()
         torch.cuda.synchronize()
-        reps = 50
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            core.route_count_cuda(dk, offsets, modes, rows, ranks, n, counts, stream)
-        torch.cuda.synchronize()
-        t_count = (time.perf_counter() - t0) / reps
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            core.route_scatter_cuda(dk, offsets, modes, rows, ranks, n, counts, mx, send, inv, stream)
-        torch.cuda.synchronize()
-        t_scatter = (time.perf_counter() - t0) / reps
-        cpu = core.route_keys(keys, offsets, modes, rows, ranks, n, mx, 0)
-        assert np.array_equal(send.cpu().numpy(), cpu[1]) and np.array_equal(inv.cpu().numpy(), cpu[2])
-        t0 = time.perf_counter()
-        core.route_keys(keys, offsets, modes, rows, ranks, n, mx, 0)
-        t_cpu = time.perf_counter() - t0
-        run = {"owners": n, "keys": int(keys.size), "count_ms": 1e3 * t_count, "scatter_ms": 1e3 * t_scatter,
-               "keys_per_s": keys.size / (t_count + t_scatter), "cpu_route_ms_this_host": 1e3 * t_cpu}
+        cpu = core.route_keys(keys, offsets, modes, rows, ranks, n, 0, 0)
+        total = int(cpu[0].sum())
+        if asynchronous:
+            st = status.cpu().numpy()
+            assert st[5] == 0 and st[0] == total and st[2] == -1, st
+        ok = (np.array_equal(counts.cpu().numpy(), cpu[0]) and np.array_equal(send[:total].cpu().numpy(), cpu[1])
+              and np.array_equal(inv.cpu().numpy(), cpu[2]) and np.array_equal(t_counts.cpu().numpy(), cpu[0])
+              and np.array_equal(t_send[:total].cpu().numpy(), cpu[1]) and np.array_equal(t_inv.cpu().numpy(), cpu[2]))
+        if not ok:
+            raise SystemExit(f"sok gpu-routing: outputs differ at {n} owners; no timings reported")
+        # the padded layout with the busiest owner's count read back (a synchronization)
+        mx = int(cpu[0].sum(axis=1).max())
+        send_p = torch.empty(n * mx, dtype=torch.int64, device="cuda")
+
+        def ours_padded():
+            _, m = core.route_count_cuda(dk, offsets, modes, rows, ranks, n, counts, stream, **wkw)
+            core.route_scatter_cuda(dk, offsets, modes, rows, ranks, n, counts, m, send_p, inv, stream, **wkw)
+
+        ms = _events_ms(torch, ours, args.repeats)
+        ms_torch = _events_ms(torch, theirs, args.repeats)
+        ms_padded = _events_ms(torch, ours_padded, args.repeats)
+        ms2 = _events_ms(torch, ours, args.repeats)  # again: the spread between two timings of the same code
+        floor_bytes = nnz * 8 * 3  # keys read, send and inverse written, once each
+        floor_ms = floor_bytes / (copy_gbs * 1e9) * 1e3
+        run = {"owners": n, "tables": T, "keys": int(nnz), "routed": total, "asynchronous_pair": asynchronous,
+               "pair_ms": ms, "pair_ms_again": ms2, "torch_argsort_ms": ms_torch, "speedup_vs_torch": ms_torch / ms,
+               "padded_with_sync_ms": ms_padded, "memory_floor_ms": floor_ms, "of_floor": floor_ms / ms,
+               "keys_per_s": nnz / (ms * 1e-3)}
         res["runs"].append(run)
-        print(f"GPU routing, {n} owners, {keys.size:,} keys: count {run['count_ms']:.3f} ms (host sync included), "
-              f"scatter {run['scatter_ms']:.3f} ms, {run['keys_per_s'] / 1e9:.2f} G keys/s; host CPU {1e3 * t_cpu:.1f} ms")
+        print(f"GPU routing, {n} owners, {nnz:,} keys ({T} tables): count + scatter {ms:.4f} / {ms2:.4f} ms "
+              f"({'no host sync' if asynchronous else 'count reads the total back'}; {run['keys_per_s'] / 1e9:.2f} G "
+              f"keys/s); PyTorch argsort bucketing {ms_torch:.4f} ms -> {run['speedup_vs_torch']:.2f}x; padded layout "
+              f"with the stride read back {ms_padded:.4f} ms; memory floor (keys read, send and inverse written at "
+              f"the copy bandwidth) {floor_ms:.4f} ms -> {100 * run['of_floor']:.0f}% of it", flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        args.json = str(Path(out) / f"sok_gpu_routing_{args.machine}.json")
     return res
 
 

@@ -327,5 +327,11 @@ cudaError_t sparse_adagrad_cuda(const SparseUpdateArgs* tables, int num_tables, 
 cudaError_t sparse_adam_cuda(const SparseUpdateArgs* tables, int num_tables, AdamParams p, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream);
 
+// The floor every lookup is measured against (benchmarks): out[i, :] = table[rows[i], :], one
+// thread per 16-byte chunk (dim % 4 == 0, 16-byte aligned) or per float; no offsets, no
+// combiner, no key check (a row outside [0, num_rows) gives a zero row).
+cudaError_t gather_rows_cuda(const float* table, int64_t num_rows, int64_t dim, const int64_t* rows, int64_t n,
+                             float* out, cudaStream_t stream);
+
 }  // namespace embedlab
 #endif  // EMBEDLAB_WITH_CUDA

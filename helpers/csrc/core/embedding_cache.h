@@ -8,16 +8,21 @@
 //     per slot: the key, an access stamp, and the row, stored contiguously
 //     (values[slot * dim .. slot * dim + dim)), slot = set * ways + way. The CPU keeps a set's
 //     version, mask and 16-bit stamps together in one small header (one cache line to read and,
-//     on a hit, to stamp); the GPU keeps 32-bit stamps in their own array.
+//     on a hit, to stamp); the GPU keeps 16-bit stamps in their own array, and per set one tag
+//     byte per way (8 bits of the key's hash other than the set's, never 0; 0 = free way), which
+//     its lookups read instead of the occupancy mask and the keys (the key of a way whose tag
+//     matches is then compared, so a lookup stays exact).
 //   * Any int64 key is valid (occupancy is a bit, not a reserved key).
 //
 // Eviction (dynamic caches): each call that may touch stamps takes the next value of a cache-wide
 // epoch counter; a hit in lookup() and every insert()/update() write that epoch into the slot's
 // stamp (only when it differs, so a hot row's line is not dirtied on every hit). insert() of an
 // absent key takes a free way of its set or, when the set is full, evicts the way with the
-// smallest stamp (ties: the lowest way). That is LRU at the granularity of calls. (CPU stamps
-// are the epoch's low 16 bits and ages are taken modulo 2^16: a row untouched for more than
-// 65,535 calls may look younger than it is, an approximation in the spirit of CLOCK.)
+// smallest stamp (ties: the lowest way). That is LRU at the granularity of calls. (Stamps are the
+// epoch's low 16 bits. CPU ages are taken modulo 2^16: a row untouched for more than 65,535
+// calls may look younger than it is, an approximation in the spirit of CLOCK. GPU ages are the
+// signed 16-bit difference clamped at 0, since one launch's blocks may stamp e or e + 1: there
+// the horizon is 32,767 calls.)
 //
 // Static caches (is_static = true) are filled by insert() into free ways only: nothing is ever
 // evicted or overwritten (insert() of a key whose set is full, or that is already present, stores
@@ -219,9 +224,12 @@ class EmbeddingCacheCuda {
   uint32_t* epoch_ = nullptr;
   uint32_t* headers_ = nullptr;  // [num_sets * 2]: version, occupied
   int64_t* keys_ = nullptr;      // [num_sets * ways]
-  uint32_t* stamps_ = nullptr;   // [num_sets * ways]
+  uint16_t* stamps_ = nullptr;   // [num_sets * ways]: low 16 bits of the epoch of the last touch
+  uint8_t* tags_ = nullptr;      // [num_sets * tag_stride()]: a tag per way (8 bits of the key's hash, 0 = free)
+  int tag_stride() const { return (ways_ + 7) / 8 * 8; }
   float* values_ = nullptr;      // [num_sets * ways * dim]
-  // [0..7) running totals in EmbeddingCacheStats order; [8..16) this call's counts
+  // [0..7) running totals in EmbeddingCacheStats order; [8..16) this call's counts; then the
+  // lookups' hit and miss counters, striped (see kStripes in embedding_cache_cuda.cu)
   unsigned long long* counters_ = nullptr;
 };
 

@@ -1,19 +1,25 @@
 // CUDA embedding cache (see embedding_cache.h for the layout and the contract).
 //
-// Where the time goes: the hit path is a gather with two dependent lookups in front of it
-// (key -> its set's occupancy word and keys -> the row). A "group" of G lanes serves one key
-// (G = 4 at dim 16, 32 at dim 128: one 16-byte access per lane per row chunk): the group reads
-// the key (one broadcast load), compares the set's ways (lane w checks ways w, w + G, ...),
-// agrees on the way with a tile ballot, and copies the row with 16-byte loads and streaming
-// stores. At dim 16 (G = 4) a 65,536-key batch fits in one wave of resident groups on an H100,
-// so the dependent memory latencies of all its keys overlap. Dynamic caches write
-// the call's epoch (a device counter, see call_epoch) into a hit's stamp only when it differs;
-// static caches write nothing.
+// Where the time goes: the hit path is a gather with a key check in front of it. A plain gather
+// of the same rows reads the index and the row; the cache must also find the way and prove the
+// key. So that this costs about one more 32-byte sector and not two more random lines, each set
+// keeps one byte per way, a tag (8 bits of the key's hash other than those that choose the set,
+// never 0; 0 marks a free way): 8 bytes per set at 8 ways, so the tags of the whole cache (1 byte
+// per slot) mostly stay in the 50 MB L2. A lookup reads its set's tag word, and for the first way
+// whose tag matches, reads that way's key (one sector) and row at the same time; the row is
+// kept only if the key is equal (another matching way is tried otherwise; a tag collision costs
+// one more key and row read, at 8 ways about 3 % of lookups). The occupancy mask and all 8 keys
+// are never read by a lookup. One "group" of G lanes serves one key (G = 1 at dim 16: four
+// 16-byte loads per thread; G = 8 at dim 128), one group per key in the grid, so all loads of a
+// batch are in flight at once. Dynamic caches write the call's epoch (a device counter, see
+// call_epoch) into a hit's 16-bit stamp only when it differs (the stamps, 2 bytes per slot,
+// also mostly stay in L2); static caches write nothing.
 //
 // Writes (insert / update / erase): one group per key; lane 0 takes the set's lock (its version
 // word from even to odd with atomicCAS), decides the way, publishes it to the group, the group
-// copies the row, every lane fences, and lane 0 releases the lock (version + 1). Independent
-// thread scheduling (sm_70+) lets a spinning lane and the holder share a warp.
+// copies the row, every lane fences, and lane 0 releases the lock (version + 1). The way's tag
+// changes with its key and occupancy bit, under the lock. Independent thread scheduling (sm_70+)
+// lets a spinning lane and the holder share a warp.
 #include <cooperative_groups.h>
 #include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>
@@ -37,19 +43,47 @@ namespace cg = cooperative_groups;
 constexpr int kBlock = 256;
 enum Counter { kHits = 0, kMisses, kInserts, kEvictions, kUpdates, kErases, kRejected, kNumCounters };
 constexpr int kCall = 8;  // offset of this call's counters
+// Lookups count hits and misses into kStripes pairs of counters after the first 16 (block b
+// adds to stripe b % kStripes): one address taking an atomic from each of ~10^4 blocks would
+// serialize them in L2. stats() adds the stripes up.
+constexpr int kStripes = 128;
+constexpr int kStripeBase = 16;
+constexpr int kNumCounterWords = kStripeBase + 2 * kStripes;
 enum WriteMode { kInsert = 0, kUpdate = 1, kErase = 2 };
 
 
 struct Cache {
   uint32_t* headers;
   int64_t* keys;
-  uint32_t* stamps;
+  uint16_t* stamps;
+  uint8_t* tags;      // [num_sets * tag_stride]: one byte per way, 0 = free
   float* values;
   int64_t num_sets;
   int64_t dim;
   int ways;
+  int tag_stride;     // bytes per set: ways rounded up to 8
   bool is_static;
 };
+
+// A key's tag: the low 8 bits of its hash (the set takes the high ones), never 0.
+__device__ __forceinline__ uint32_t tag_of(uint64_t h) {
+  const uint32_t t = static_cast<uint32_t>(h & 0xffu);
+  return t ? t : 1u;
+}
+
+// Bit w set where byte w of the set's tags equals `tag` (tags of free ways are 0: no match).
+__device__ __forceinline__ uint32_t tag_match(const Cache& c, int64_t s, uint32_t tag) {
+  const uint32_t tag4 = tag * 0x01010101u;
+  const uint2* t = reinterpret_cast<const uint2*>(c.tags + s * c.tag_stride);
+  uint32_t m = 0;
+  for (int w8 = 0; w8 < c.tag_stride / 8; ++w8) {
+    const uint2 v = __ldg(t + w8);
+    const uint32_t lo = (((__vcmpeq4(v.x, tag4) & 0x01010101u) * 0x01020408u) >> 24) & 0xfu;
+    const uint32_t hi = (((__vcmpeq4(v.y, tag4) & 0x01010101u) * 0x01020408u) >> 24) & 0xfu;
+    m |= (lo | (hi << 4)) << (8 * w8);
+  }
+  return m;
+}
 
 // Block-wide sum of per-thread counts, then one atomic per block.
 __device__ __forceinline__ void add_block(unsigned long long* dst, unsigned long long v) {
@@ -72,58 +106,79 @@ __device__ __forceinline__ uint32_t call_epoch(uint32_t* counter) {
   return e;
 }
 
-__device__ __forceinline__ int32_t age(uint32_t epoch, uint32_t stamp) {
-  const int32_t a = static_cast<int32_t>(epoch - stamp);
+// 16-bit stamps: the age is the signed 16-bit difference, clamped at 0 (a stamp of e + 1 written
+// by the same call reads as age 0, not as the oldest).
+__device__ __forceinline__ int32_t age(uint32_t epoch, uint16_t stamp) {
+  const int32_t a = static_cast<int16_t>(static_cast<uint16_t>(epoch) - stamp);
   return a < 0 ? 0 : a;
 }
 
-template <int G, typename Tile>
-__device__ __forceinline__ int find_way(const Tile& tile, const Cache& c, int64_t s, uint32_t occ, int64_t key) {
-  int way = -1;
-  for (int w = tile.thread_rank(); w < c.ways; w += G)
-    if (((occ >> w) & 1u) && __ldcg(c.keys + s * c.ways + w) == key) way = w;
-  const unsigned m = tile.ballot(way >= 0);
-  return m ? tile.shfl(way, __ffs(m) - 1) : -1;
-}
+// One group of G lanes per key. T is float4 (dim % 4 == 0, 16-byte aligned out) or float; each
+// lane holds up to kSpec of its row's elements in registers, loaded together with the key of the
+// candidate way (the rest, for dims past G * kSpec elements, is copied once the key is proven).
+constexpr int kSpec = 4;
 
-template <int G, bool VEC4, bool TOUCH>
-__global__ void __launch_bounds__(kBlock, 6) lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n,
-                                                         float* __restrict__ out, uint8_t* __restrict__ flags,
-                                                         uint8_t hit_flag, uint32_t* epoch_counter,
-                                                         unsigned long long* counters) {
-  const uint32_t epoch = TOUCH ? call_epoch(epoch_counter) : 0;
-  auto tile = cg::tiled_partition<G>(cg::this_thread_block());
-  const int lane = tile.thread_rank();
-  const int64_t step = static_cast<int64_t>(gridDim.x) * (kBlock / G);
-  unsigned long long hits = 0, seen = 0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G; i < n; i += step) {
+template <int G, typename T, bool TOUCH>
+__global__ void __launch_bounds__(kBlock) lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n,
+                                                       float* __restrict__ out, uint8_t* __restrict__ flags,
+                                                       uint8_t hit_flag, uint32_t* epoch_counter,
+                                                       unsigned long long* counters) {
+  // This call's epoch: one thread advances the counter (a fire-and-forget reduction), and a hit
+  // reads the counter only when it stamps, so no block waits for it before its loads (one call's
+  // stamps lie within {e, e + 1}, as with call_epoch).
+  if (TOUCH && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(epoch_counter, 1u);
+  const int lane = G == 1 ? 0 : static_cast<int>(threadIdx.x % G);
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
+  const int64_t cols = sizeof(T) == 16 ? c.dim / 4 : c.dim;  // elements of T per row
+  unsigned long long hit = 0, seen = 0;
+  if (i < n) {
     const int64_t key = __ldg(keys + i);
-    const int64_t s = cache_set_of(key, c.num_sets);
-    const uint32_t occ = __ldcg(c.headers + 2 * s + 1);
-    const int way = find_way<G>(tile, c, s, occ, key);
-    if (way >= 0) {
-      const int64_t slot = s * c.ways + way;
-      if (VEC4) {
-        const int64_t d4 = c.dim / 4;
-        const float4* src = reinterpret_cast<const float4*>(c.values) + slot * d4;
-        float4* dst = reinterpret_cast<float4*>(out) + i * d4;
-        for (int64_t j = lane; j < d4; j += G) __stcs(dst + j, __ldcs(src + j));
-      } else {
-        const float* src = c.values + slot * c.dim;
-        float* dst = out + i * c.dim;
-        for (int64_t j = lane; j < c.dim; j += G) __stcs(dst + j, __ldcs(src + j));
+    const uint64_t h = cache_mix64(static_cast<uint64_t>(key));
+    const int64_t s = static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(c.num_sets)));
+    uint32_t cand = tag_match(c, s, tag_of(h));
+    int64_t slot = -1;
+    T x[kSpec];
+    while (cand) {
+      const int64_t sl = s * c.ways + (__ffs(cand) - 1);
+      cand &= cand - 1;
+      const int64_t k = __ldcs(c.keys + sl);
+      const T* src = reinterpret_cast<const T*>(c.values) + sl * cols;
+#pragma unroll
+      for (int v = 0; v < kSpec; ++v) {
+        const int64_t j = lane + static_cast<int64_t>(v) * G;
+        if (j < cols) x[v] = __ldcs(src + j);
       }
-      if (TOUCH && lane == 0 && c.stamps[slot] != epoch) c.stamps[slot] = epoch;
+      if (k == key) {
+        slot = sl;
+        break;
+      }
+    }
+    if (slot >= 0) {
+      T* dst = reinterpret_cast<T*>(out) + i * cols;
+#pragma unroll
+      for (int v = 0; v < kSpec; ++v) {
+        const int64_t j = lane + static_cast<int64_t>(v) * G;
+        if (j < cols) __stcs(dst + j, x[v]);
+      }
+      const T* src = reinterpret_cast<const T*>(c.values) + slot * cols;
+      for (int64_t j = lane + static_cast<int64_t>(kSpec) * G; j < cols; j += G) __stcs(dst + j, __ldcs(src + j));
+      if (TOUCH && lane == 0) {
+        const uint16_t epoch = static_cast<uint16_t>(*reinterpret_cast<volatile uint32_t*>(epoch_counter));
+        // Read first, write only when it differs: an unconditional store was as fast on uniform keys
+        // and slower on Zipf keys (dim 16: 0.241 against 0.207 ms, H100), where hot rows repeat.
+        if (c.stamps[slot] != epoch) c.stamps[slot] = epoch;
+      }
     }
     if (lane == 0) {
-      if (flags) flags[i] = (way >= 0) ? hit_flag : static_cast<uint8_t>(1 - hit_flag);
-      hits += way >= 0;
-      ++seen;
+      if (flags) flags[i] = slot >= 0 ? hit_flag : static_cast<uint8_t>(1 - hit_flag);
+      hit = slot >= 0;
+      seen = 1;
     }
   }
   if (counters) {
-    add_block(counters + kHits, hits);
-    add_block(counters + kMisses, seen - hits);
+    const int stripe = static_cast<int>(blockIdx.x % kStripes);
+    add_block(counters + kStripeBase + stripe, hit);
+    add_block(counters + kStripeBase + kStripes + stripe, seen - hit);
   }
 }
 
@@ -155,7 +210,8 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
     volatile int64_t* set_keys = reinterpret_cast<volatile int64_t*>(c.keys + s * c.ways);
     // Set metadata is read and written through volatile pointers: L1 is not coherent between
     // SMs, and another block may have changed the set since this SM last cached its line.
-    volatile uint32_t* stamps = reinterpret_cast<volatile uint32_t*>(c.stamps + s * c.ways);
+    volatile uint16_t* stamps = reinterpret_cast<volatile uint16_t*>(c.stamps + s * c.ways);
+    volatile uint8_t* tags = reinterpret_cast<volatile uint8_t*>(c.tags + s * c.tag_stride);
     int way = -1, copy = 0;
     uint32_t held = 0;
     if (lane == 0) {
@@ -168,6 +224,7 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
         }
       if (mode == kErase) {
         if (way >= 0) {
+          tags[way] = 0;
           *occupied = occ & ~(1u << way);
           atomicAdd(counters + kErases, 1ull);
           atomicAdd(counters + kCall, 1ull);
@@ -175,7 +232,7 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
         way = -1;
       } else if (way >= 0) {
         if (!c.is_static) {  // overwrite (insert) or update
-          stamps[way] = epoch;
+          stamps[way] = static_cast<uint16_t>(epoch);
           copy = 1;
           atomicAdd(counters + (mode == kInsert ? kInserts : kUpdates), 1ull);
           atomicAdd(counters + kCall, 1ull);
@@ -201,7 +258,8 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
         }
         if (way >= 0) {
           set_keys[way] = key;
-          stamps[way] = epoch;
+          stamps[way] = static_cast<uint16_t>(epoch);
+          tags[way] = static_cast<uint8_t>(tag_of(cache_mix64(static_cast<uint64_t>(key))));
           *occupied = occ | (1u << way);
           copy = 1;
           atomicAdd(counters + kInserts, 1ull);
@@ -238,13 +296,24 @@ __global__ void size_kernel(const uint32_t* headers, int64_t num_sets, unsigned 
   add_block(out, cnt);
 }
 
+// Write kernels: lanes per key for a row of `vecs` elements (4..32).
 int lanes_for(int64_t vecs) {
   int g = 4;
   while (g < 32 && g < vecs) g *= 2;
   return g;
 }
 
-// Enough blocks for every resident slot (the lookup kernel allows 6 blocks per SM), capped by n.
+// Lookup: lanes per key so that each lane holds up to kSpec elements of the row, and at least
+// 64 contiguous bytes per load instruction of a group (4 lanes of float4, 16 of float): a row
+// read in 16-byte pieces by separate instructions reached DRAM as separate 32-byte requests and
+// ran slower (dim 16: 0.214 against 0.178 ms at 65,536 x 26 keys, H100).
+int lookup_lanes_for(int64_t vecs, bool vec4) {
+  int g = vec4 ? 4 : 16;
+  while (g < 32 && g * kSpec < vecs) g *= 2;
+  return g;
+}
+
+// Write kernels: enough blocks for every resident slot (6 blocks per SM), capped by n.
 int grid_for(int64_t n, int g) {
   static int sms = 0;
   if (!sms) {
@@ -263,15 +332,29 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 template <int G>
 cudaError_t launch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_t n, float* out, uint8_t* flags,
                           uint8_t hit_flag, uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
-  const int grid = grid_for(n, G);
+  const int64_t blocks = (n + kBlock / G - 1) / (kBlock / G);  // one group per key
+  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+  const unsigned grid = static_cast<unsigned>(blocks);
   if (vec4) {
-    if (c.is_static) lookup_kernel<G, true, false><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
-    else lookup_kernel<G, true, true><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
+    if (c.is_static) lookup_kernel<G, float4, false><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
+    else lookup_kernel<G, float4, true><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
   } else {
-    if (c.is_static) lookup_kernel<G, false, false><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
-    else lookup_kernel<G, false, true><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
+    if (c.is_static) lookup_kernel<G, float, false><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
+    else lookup_kernel<G, float, true><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
   }
   return cudaGetLastError();
+}
+
+cudaError_t dispatch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_t n, float* out, uint8_t* flags,
+                            uint8_t hit_flag, uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
+  switch (lookup_lanes_for(vec4 ? c.dim / 4 : c.dim, vec4)) {
+    case 1: return launch_lookup<1>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
+    case 2: return launch_lookup<2>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
+    case 4: return launch_lookup<4>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
+    case 8: return launch_lookup<8>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
+    case 16: return launch_lookup<16>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
+    default: return launch_lookup<32>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
+  }
 }
 
 template <int G>
@@ -293,15 +376,17 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
     EL_TRY(cudaGetDevice(&device_));
     EL_TRY(cudaMalloc(&headers_, sizeof(uint32_t) * 2 * num_sets_));
     EL_TRY(cudaMalloc(&keys_, sizeof(int64_t) * slots));
-    EL_TRY(cudaMalloc(&stamps_, sizeof(uint32_t) * slots));
+    EL_TRY(cudaMalloc(&stamps_, sizeof(uint16_t) * slots));
+    EL_TRY(cudaMalloc(&tags_, static_cast<size_t>(num_sets_) * tag_stride()));
     EL_TRY(cudaMalloc(&values_, sizeof(float) * slots * static_cast<size_t>(dim_)));
-    EL_TRY(cudaMalloc(&counters_, sizeof(unsigned long long) * 16));
+    EL_TRY(cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounterWords));
     EL_TRY(cudaMalloc(&epoch_, sizeof(uint32_t)));
     const uint32_t first_epoch = 1;
     EL_TRY(cudaMemcpy(epoch_, &first_epoch, sizeof(uint32_t), cudaMemcpyHostToDevice));
     EL_TRY(cudaMemset(headers_, 0, sizeof(uint32_t) * 2 * num_sets_));
-    EL_TRY(cudaMemset(stamps_, 0, sizeof(uint32_t) * slots));
-    EL_TRY(cudaMemset(counters_, 0, sizeof(unsigned long long) * 16));
+    EL_TRY(cudaMemset(stamps_, 0, sizeof(uint16_t) * slots));
+    EL_TRY(cudaMemset(tags_, 0, static_cast<size_t>(num_sets_) * tag_stride()));
+    EL_TRY(cudaMemset(counters_, 0, sizeof(unsigned long long) * kNumCounterWords));
     return cudaDeviceSynchronize();
   };
   *err = run();
@@ -311,26 +396,19 @@ EmbeddingCacheCuda::~EmbeddingCacheCuda() {
   cudaFree(headers_);
   cudaFree(keys_);
   cudaFree(stamps_);
+  cudaFree(tags_);
   cudaFree(values_);
   cudaFree(counters_);
   cudaFree(epoch_);
 }
 
-#define EL_DISPATCH_G(g, fn, ...)                 \
-  switch (g) {                                    \
-    case 4: return fn<4>(__VA_ARGS__);            \
-    case 8: return fn<8>(__VA_ARGS__);            \
-    case 16: return fn<16>(__VA_ARGS__);          \
-    default: return fn<32>(__VA_ARGS__);          \
-  }
 
 cudaError_t EmbeddingCacheCuda::lookup_mask(const int64_t* keys, int64_t n, float* out, uint8_t* hit_mask,
                                             cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  const Cache c{headers_, keys_, stamps_, values_, num_sets_, dim_, ways_, static_};
+  const Cache c{headers_, keys_, stamps_, tags_, values_, num_sets_, dim_, ways_, tag_stride(), static_};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
-  const int g = lanes_for(vec4 ? dim_ / 4 : dim_);
-  EL_DISPATCH_G(g, launch_lookup, c, vec4, keys, n, out, hit_mask, uint8_t{1}, epoch_, counters_, stream);
+  return dispatch_lookup(c, vec4, keys, n, out, hit_mask, uint8_t{1}, epoch_, counters_, stream);
 }
 
 size_t EmbeddingCacheCuda::lookup_workspace_bytes(int64_t n) {
@@ -353,17 +431,9 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
   int64_t* d_count = reinterpret_cast<int64_t*>(ws + flag_bytes);
   void* tmp = ws + flag_bytes + 256;
   size_t tmp_bytes = workspace_bytes - flag_bytes - 256;
-  const Cache c{headers_, keys_, stamps_, values_, num_sets_, dim_, ways_, static_};
+  const Cache c{headers_, keys_, stamps_, tags_, values_, num_sets_, dim_, ways_, tag_stride(), static_};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
-  const int g = lanes_for(vec4 ? dim_ / 4 : dim_);
-  cudaError_t e;
-  switch (g) {
-    case 4: e = launch_lookup<4>(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream); break;
-    case 8: e = launch_lookup<8>(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream); break;
-    case 16: e = launch_lookup<16>(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream); break;
-    default: e = launch_lookup<32>(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream); break;
-  }
-  EL_TRY(e);
+  EL_TRY(dispatch_lookup(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream));
   EL_TRY(cub::DeviceSelect::Flagged(tmp, tmp_bytes, thrust::counting_iterator<int64_t>(0), flags, missing, d_count,
                                     n, stream));
   EL_TRY(cudaMemcpyAsync(m_host, d_count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
@@ -375,7 +445,7 @@ cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float
   if (count_host) *count_host = 0;
   if (n <= 0) return cudaSuccess;
   EL_TRY(cudaMemsetAsync(counters_ + kCall, 0, 2 * sizeof(unsigned long long), stream));
-  const Cache c{headers_, keys_, stamps_, values_, num_sets_, dim_, ways_, static_};
+  const Cache c{headers_, keys_, stamps_, tags_, values_, num_sets_, dim_, ways_, tag_stride(), static_};
   const bool vec4 = values && dim_ % 4 == 0 && aligned16(values);
   const int g = mode == kErase ? 4 : lanes_for(vec4 ? dim_ / 4 : dim_);
   cudaError_t e;
@@ -407,6 +477,7 @@ cudaError_t EmbeddingCacheCuda::erase(const int64_t* keys, int64_t n, int64_t* r
 }
 
 cudaError_t EmbeddingCacheCuda::clear(cudaStream_t stream) {
+  EL_TRY(cudaMemsetAsync(tags_, 0, static_cast<size_t>(num_sets_) * tag_stride(), stream));
   return cudaMemsetAsync(headers_, 0, sizeof(uint32_t) * 2 * num_sets_, stream);
 }
 
@@ -423,11 +494,16 @@ cudaError_t EmbeddingCacheCuda::size(int64_t* size_host, cudaStream_t stream) {
 }
 
 cudaError_t EmbeddingCacheCuda::stats(EmbeddingCacheStats* out, cudaStream_t stream) {
-  unsigned long long v[kNumCounters];
+  unsigned long long v[kNumCounterWords];
   EL_TRY(cudaMemcpyAsync(v, counters_, sizeof(v), cudaMemcpyDeviceToHost, stream));
   EL_TRY(cudaStreamSynchronize(stream));
-  out->hits = static_cast<int64_t>(v[kHits]);
-  out->misses = static_cast<int64_t>(v[kMisses]);
+  unsigned long long hits = v[kHits], misses = v[kMisses];
+  for (int i = 0; i < kStripes; ++i) {
+    hits += v[kStripeBase + i];
+    misses += v[kStripeBase + kStripes + i];
+  }
+  out->hits = static_cast<int64_t>(hits);
+  out->misses = static_cast<int64_t>(misses);
   out->inserts = static_cast<int64_t>(v[kInserts]);
   out->evictions = static_cast<int64_t>(v[kEvictions]);
   out->updates = static_cast<int64_t>(v[kUpdates]);

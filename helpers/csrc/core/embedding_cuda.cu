@@ -1212,4 +1212,37 @@ cudaError_t sparse_adam_cuda(const SparseUpdateArgs* tables, int num_tables, Ada
   return sparse_update(tables, num_tables, o, ws, ws_bytes, stream);
 }
 
+// ============================================================================================
+// The gather floor (benchmarks): out[i] = table[rows[i]], nothing else
+// ============================================================================================
+
+namespace {
+// One thread per 16-byte chunk of an output row (V = 4) or per float (V = 1), so every load of
+// every row is in flight at once; a row index outside [0, num_rows) gives a zero row.
+template <int V>
+__global__ void __launch_bounds__(kBlock) gather_rows_kernel(const float* __restrict__ table, int64_t num_rows,
+                                                             int64_t vecs, const int64_t* __restrict__ rows, int64_t n,
+                                                             float* __restrict__ out) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  if (t >= n * vecs) return;
+  const int64_t i = t / vecs, j = t - i * vecs;
+  const int64_t r = __ldg(rows + i);
+  Vec<V> x = vzero<V>();
+  if (r >= 0 && r < num_rows) x = vldg<V>(table + (r * vecs + j) * V);
+  vst<V>(out + t * V, x);
+}
+}  // namespace
+
+cudaError_t gather_rows_cuda(const float* table, int64_t num_rows, int64_t dim, const int64_t* rows, int64_t n,
+                             float* out, cudaStream_t stream) {
+  if (n <= 0 || dim <= 0) return cudaSuccess;
+  const bool vec4 = dim % 4 == 0 && aligned16(table) && aligned16(out);
+  const int64_t vecs = vec4 ? dim / 4 : dim;
+  const int64_t blocks = (n * vecs + kBlock - 1) / kBlock;
+  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+  if (vec4) gather_rows_kernel<4><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(table, num_rows, vecs, rows, n, out);
+  else gather_rows_kernel<1><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(table, num_rows, vecs, rows, n, out);
+  return cudaGetLastError();
+}
+
 }  // namespace embedlab

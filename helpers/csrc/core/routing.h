@@ -53,6 +53,7 @@ struct RouteStatus {
   int64_t bad_index = -1;   // position in keys of the first bad key, -1 when all are valid
   int32_t bad_table = -1;
   int64_t bad_key = 0;
+  int32_t error = 0;        // CUDA scatter: a RouteError (the outputs were left untouched unless kRouteOk)
 };
 
 // Owner and local row of one key (the reference rule; kernels inline the same arithmetic).
@@ -90,15 +91,35 @@ RouteStatus route_count_cpu(const RouteArgs& a, ThreadPool* pool);
 void route_scatter_cpu(const RouteArgs& a, int64_t stride, int64_t* send, int64_t* inverse, ThreadPool* pool);
 
 #ifdef EMBEDLAB_WITH_CUDA
-// CUDA routing on `stream` (a cudaStream_t): keys, counts, send and inverse are device
+// CUDA routing on `stream` (a cudaStream_t): keys, counts, send, inverse and status are device
 // pointers; `tables` and `table_offsets` stay on the host. Same results, bit for bit, as the
-// CPU version (the scatter is a stable radix sort of bucket ids). route_count_cuda reads the
-// status back (one stream synchronization); route_scatter_cuda does not synchronize. Scratch:
-// route_cuda_workspace_size(nnz, num_tables, num_workers) bytes in `workspace`.
-size_t route_cuda_workspace_size(int64_t nnz, int32_t num_tables, int32_t num_workers);
+// CPU version. Neither call synchronizes, except route_count_cuda (which reads the status back
+// once). Scratch: route_cuda_workspace_size(a) bytes in `workspace` (it depends on the sizes
+// and the table offsets only). Up to kRouteFastTables tables and kRouteFastWorkers workers take
+// the fast path (warp chunks, a stable counting sort, nothing copied from the host); others a
+// stable radix sort of bucket ids.
+//
+// Status words (device int64[kRouteStatusWords]): total, max_per_owner, bad_index (-1: none),
+// bad_table, bad_key, error (a RouteError). Both calls write them on the device.
+//
+// route_scatter_cuda counts the keys again itself (and writes those counts to a.counts), so it
+// does not depend on what a.counts holds; before writing anything it checks on the device that
+// the outputs can hold the keys: stride >= the busiest owner's count (stride > 0), or send_len
+// >= the routed keys (stride == 0, compact; entries past them are left untouched), and that no
+// key is bad. If not, it writes nothing to send and inverse and reports the error in status.
+constexpr int kRouteStatusWords = 6;
+constexpr int32_t kRouteFastTables = 64;
+constexpr int32_t kRouteFastWorkers = 1024;
+enum RouteError : int32_t { kRouteOk = 0, kRouteStrideTooSmall = 1, kRouteSendTooShort = 2, kRouteBadKey = 3 };
+
+size_t route_cuda_workspace_size(const RouteArgs& a);
+void route_count_cuda_async(const RouteArgs& a, int64_t* status, void* workspace, size_t workspace_bytes,
+                            void* stream);
 RouteStatus route_count_cuda(const RouteArgs& a, void* workspace, size_t workspace_bytes, void* stream);
-void route_scatter_cuda(const RouteArgs& a, int64_t stride, int64_t* send, int64_t* inverse, void* workspace,
-                        size_t workspace_bytes, void* stream);
+void route_scatter_cuda(const RouteArgs& a, int64_t stride, int64_t* send, int64_t send_len, int64_t* inverse,
+                        int64_t* status, void* workspace, size_t workspace_bytes, void* stream);
+// Reads status words back (one stream synchronization).
+RouteStatus read_route_status(const int64_t* status, void* stream);
 #endif
 
 }  // namespace embedlab

@@ -386,6 +386,29 @@ void register_cuda(nb::module_& m) {
       "The forward variant in use: (rows_per_group, unroll, min_blocks).");
 
   m.def(
+      "_gather_rows_cuda",
+      [](const Arr& table, const Arr& rows, const Arr& out, uintptr_t stream) {
+        const char* fn = "_gather_rows_cuda";
+        DeviceGuard dev{fn};
+        dev.add(expect<float>(fn, "table", table, 2));
+        dev.add(expect<int64_t>(fn, "rows", rows, 1));
+        dev.add(expect<float>(fn, "out", out, 2));
+        if (out.shape(0) != rows.shape(0) || out.shape(1) != table.shape(1))
+          fail(fn, "out must have shape [" + std::to_string(rows.shape(0)) + ", " + std::to_string(table.shape(1)) +
+                       "], got " + shape_str(out));
+        if (rows.shape(0) == 0) return;
+        dev.activate();
+        cuda_check(fn,
+                   gather_rows_cuda(ptr<const float>(table), static_cast<int64_t>(table.shape(0)),
+                                    static_cast<int64_t>(table.shape(1)), ptr<const int64_t>(rows),
+                                    static_cast<int64_t>(rows.shape(0)), ptr<float>(out), as_stream(stream)),
+                   "the gather launch");
+      },
+      nb::arg("table"), nb::arg("rows"), nb::arg("out"), nb::arg("stream") = 0,
+      "Benchmark floor: out[i] = table[rows[i]] with 16-byte loads, one thread per chunk (a row outside\n"
+      "the table gives zeros). What every lookup of the same rows is measured against.");
+
+  m.def(
       "lookup_backward_cuda_workspace_size",
       [](int64_t batch, int64_t nnz, int64_t dim, int64_t num_rows) {
         return workspace_size("lookup_backward_cuda_workspace_size", batch, nnz, dim, num_rows);

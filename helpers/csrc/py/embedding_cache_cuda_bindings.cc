@@ -110,22 +110,36 @@ class PyCudaEmbeddingCache {
                "lookup kernel");
   }
 
-  nb::object lookup(nb::handle keys_obj, const Arr& out, uintptr_t stream) {
+  nb::object lookup(nb::handle keys_obj, const Arr& out, uintptr_t stream, nb::handle missing_obj) {
     const std::string fn = "CudaEmbeddingCache.lookup";
     Arr keys;
     if (!nb::try_cast(keys_obj, keys)) fail(fn, "keys must be a CUDA device array (a torch.cuda tensor or a CuPy array)");
     prepare(fn, keys, &out, "out");
     const int64_t n = static_cast<int64_t>(keys.shape(0));
+    int64_t* given = nullptr;
+    if (!missing_obj.is_none()) {
+      Arr mis;
+      if (!nb::try_cast(missing_obj, mis)) fail(fn, "missing must be a CUDA device array of int64");
+      expect<int64_t>(fn, "missing", mis, 1, true);
+      if (static_cast<int64_t>(mis.shape(0)) < n)
+        fail(fn, "missing must have room for every key: at least " + std::to_string(n) + " entries, got " +
+                     std::to_string(mis.shape(0)));
+      if (mis.device_id() != cache_->device())
+        fail(fn, "arrays must be on the cache's device " + std::to_string(cache_->device()) + ", got device " +
+                     std::to_string(mis.device_id()));
+      given = static_cast<int64_t*>(mis.data());
+    }
     const cudaStream_t s = as_stream(stream);
     const size_t ws_bytes = EmbeddingCacheCuda::lookup_workspace_bytes(n);
     void* ws = nullptr;
-    int64_t* missing = nullptr;
+    int64_t* missing = given;
     int64_t m = 0;
-    cudaError_t e;
+    cudaError_t e = cudaSuccess;
     {
       nb::gil_scoped_release r;
       std::lock_guard<std::mutex> l(mu_);
-      e = cudaMalloc(reinterpret_cast<void**>(&missing), sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+      if (!missing)
+        e = cudaMalloc(reinterpret_cast<void**>(&missing), sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(n, 1)));
       if (e == cudaSuccess) e = cudaMallocAsync(&ws, ws_bytes, s);
       if (e == cudaSuccess)
         e = cache_->lookup(static_cast<const int64_t*>(keys.data()), n, static_cast<float*>(out.data()), missing, &m,
@@ -133,9 +147,10 @@ class PyCudaEmbeddingCache {
       if (ws) cudaFreeAsync(ws, s);
     }
     if (e != cudaSuccess) {
-      cudaFree(missing);
+      if (!given) cudaFree(missing);
       cuda_check(fn, e, "lookup");
     }
+    if (given) return missing_obj[nb::slice(nb::none(), nb::int_(m), nb::none())];  // a view of the caller's array
     // The miss positions, as an array of the keys' framework (a DLPack capsule for others).
     nb::capsule owner(missing, [](void* p) noexcept { cudaFree(p); });
     const size_t shape[1] = {static_cast<size_t>(m)};
@@ -221,8 +236,11 @@ EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
       .def(nb::init<int64_t, int64_t, int, bool, int>(), nb::arg("capacity"), nb::arg("dim"), nb::arg("ways") = 8,
            nb::arg("static") = false, nb::arg("device") = -1)
       .def("lookup", &PyCudaEmbeddingCache::lookup, nb::arg("keys"), nb::arg("out"), nb::arg("stream") = 0,
+           nb::arg("missing").none() = nb::none(),
            "Copies the cached rows of keys into out (float32[n, dim]); returns the miss positions\n"
-           "(int64[m], ascending, on the device, in the keys' framework). Synchronizes once.")
+           "(int64[m], ascending, on the device). Synchronizes once. missing=None allocates them (cudaMalloc,\n"
+           "which also synchronizes the device) in the keys' framework; a given int64 device array of at\n"
+           "least n entries receives them instead and missing[:m] is returned.")
       .def("lookup_mask", &PyCudaEmbeddingCache::lookup_mask, nb::arg("keys"), nb::arg("out"),
            nb::arg("hit_mask").none() = nb::none(), nb::arg("stream") = 0,
            "The hit path without synchronization: hit rows copied into out, hit_mask[i] (uint8, optional)\n"
