@@ -131,7 +131,6 @@ class PyCudaEmbeddingCache {
     }
     const cudaStream_t s = as_stream(stream);
     const size_t ws_bytes = EmbeddingCacheCuda::lookup_workspace_bytes(n);
-    void* ws = nullptr;
     int64_t* missing = given;
     int64_t m = 0;
     cudaError_t e = cudaSuccess;
@@ -140,11 +139,18 @@ class PyCudaEmbeddingCache {
       std::lock_guard<std::mutex> l(mu_);
       if (!missing)
         e = cudaMalloc(reinterpret_cast<void**>(&missing), sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(n, 1)));
-      if (e == cudaSuccess) e = cudaMallocAsync(&ws, ws_bytes, s);
+      // lookup() synchronizes its stream before returning, so the object's scratch is free again
+      // for the next call (on any stream); it grows once to the largest batch seen.
+      if (e == cudaSuccess && ws_bytes > ws_bytes_) {
+        if (ws_) cudaFree(ws_);
+        ws_ = nullptr;
+        ws_bytes_ = 0;
+        e = cudaMalloc(&ws_, ws_bytes);
+        if (e == cudaSuccess) ws_bytes_ = ws_bytes;
+      }
       if (e == cudaSuccess)
         e = cache_->lookup(static_cast<const int64_t*>(keys.data()), n, static_cast<float*>(out.data()), missing, &m,
-                           ws, ws_bytes, s);
-      if (ws) cudaFreeAsync(ws, s);
+                           ws_, ws_bytes_, s);
     }
     if (e != cudaSuccess) {
       if (!given) cudaFree(missing);
@@ -221,6 +227,13 @@ class PyCudaEmbeddingCache {
  private:
   std::unique_ptr<EmbeddingCacheCuda> cache_;
   std::mutex mu_;
+  void* ws_ = nullptr;  // lookup()'s scratch (flags, count, the compaction's temporary storage)
+  size_t ws_bytes_ = 0;
+
+ public:
+  ~PyCudaEmbeddingCache() {
+    if (ws_) cudaFree(ws_);
+  }
 };
 
 }  // namespace
