@@ -112,6 +112,31 @@ def test_batches_across_files_and_repeat(tmp_path, rng):
     r2.close()
 
 
+def test_exit_hook_stops_every_reading_thread(tmp_path, rng):
+    """What runs at interpreter exit (reader._stop_all_readers, registered with atexit) leaves no
+    reader thread running, whether it was reading ahead (repeat) or restarted and untouched; a
+    stopped reader reads again from the start when asked. test_exit.py runs whole scripts."""
+    from embedlab.session import reader as reader_mod
+    spec = data_spec()
+    make_file(rng, tmp_path / "p.data", 40, spec)
+    formats.write_file_list(tmp_path / "list.txt", [tmp_path / "p.data"])
+    ahead = DataReader(spec, 8, False, True, "train", prefetch=2)
+    ahead.set_file_list_source(str(tmp_path / "list.txt"))
+    first = ahead.next_batch()
+    fresh = DataReader(spec, 8, False, False, "eval")
+    fresh.set_file_list_source(str(tmp_path / "list.txt"))
+    threads = [ahead._thread, fresh._thread]
+    assert all(t.is_alive() for t in threads) and {ahead, fresh} <= set(reader_mod._LIVE)
+    reader_mod._stop_all_readers()
+    assert not any(t.is_alive() for t in threads) and ahead._thread is None and fresh._thread is None
+    assert not ({ahead, fresh} & set(reader_mod._LIVE))
+    fresh.restart()
+    b = fresh.next_batch()
+    np.testing.assert_array_equal(b.label, first.label)
+    fresh.close()
+    assert fresh._thread is None
+
+
 def test_missing_file_in_list(tmp_path, rng):
     spec = data_spec()
     make_file(rng, tmp_path / "a.data", 5, spec)
