@@ -19,8 +19,11 @@ Each test is copied into a fresh temporary folder and changed by exactly the sub
 `SUBSTITUTIONS` (imports -> embedlab.sok, `horovod.tensorflow` -> `embedlab.sok.horovod`, GPU
 sizes -> CPU sizes; every one applied is printed with its file and line, so anyone can audit
 that no assertion was touched), then run with `python -m embedlab.sok.launch -n N` in place of
-`horovodrun -np N` / `mpiexec -np N` (N = `--workers`, 2 by default; a plain `python3 x.py` of
-script.sh runs as one process). The result is a table: test, tags, PASS / FAIL / TIMEOUT and
+`horovodrun -np N` / `mpiexec -np N` (N = `--workers`, 2 by default; how each function test is
+started follows the tag's run_*.sh: `python x.py` runs as one plain process, `-np 1` as one
+worker, `-np ${task_num}` with `--workers`; a file no script names runs as one process). A
+`pip` that refuses comes first on the tests' PATH: some of the scripts pip-install what they
+miss (cupy, horovod). The result is a table: test, tags, PASS / FAIL / TIMEOUT and
 the last error line; `--json` writes it, `--logs` keeps every test's output.
 
 This is not part of CI: CI has no HugeCTR copy (fetch one with
@@ -46,6 +49,8 @@ SOK = "sparse_operation_kit"
 FUNCTION_RE = re.compile(r"^sparse_operation_kit/sparse_operation_kit/(experiment/)?test/function_test/tf2/(.+\.py)$")
 EXAMPLES_RE = re.compile(r"^sparse_operation_kit/sparse_operation_kit/experiment/examples/(.+\.py)$")
 UNIT_DIR = "sparse_operation_kit/unit_test/test_scripts/tf2/"
+# what the unit scripts import through relative sys.path entries (prepare_dataset.py, the mpi/hvd tests)
+UNIT_EXTRA = "sparse_operation_kit/documents/tutorials/DenseDemo/"
 DEFAULT_TAGS = "v23.02.00..v25.03.00"
 ONE_TAG = "v23.09.00"
 
@@ -78,6 +83,7 @@ ARG_SUBSTITUTIONS = [
     (r"^--iter_num=\d+$", "--iter_num=10", "CPU size"),
     (r"^--global_batch_size=65536$", "--global_batch_size=1024", "CPU size"),
     (r"^--gpu_num=\d+$", "--gpu_num=1", "one CPU device per process"),
+    (r"^--local_gpu_num=\d+$", "--local_gpu_num=1", "one CPU device per process"),
 ]
 
 
@@ -227,18 +233,22 @@ def _script_commands(text):
 
 
 def discover_unit(repo, tag):
+    """script.sh's commands; the files keep HugeCTR's layout (paths relative to the repository
+    root: the scripts reach sibling folders through relative sys.path entries)."""
     files = {}
     for sha, path in _tree(repo, tag):
-        if path.startswith(UNIT_DIR) and "/" not in path[len(UNIT_DIR):]:
-            files[path[len(UNIT_DIR):]] = _blob(repo, sha)
+        rest = path[len(UNIT_DIR):]
+        if (path.startswith(UNIT_DIR) and "/" not in rest) or \
+                (path.startswith(UNIT_EXTRA) and path.endswith(".py") and "/" not in path[len(UNIT_EXTRA):]):
+            files[path] = _blob(repo, sha)
     cases = []
-    for toks in _script_commands(files.get("script.sh", "")):
+    for toks in _script_commands(files.get(UNIT_DIR + "script.sh", "")):
         i = toks.index("python3") if "python3" in toks else toks.index("python")
         launcher, script, args = toks[:i], toks[i + 1], toks[i + 2:]
         if script.startswith("-c") or not script.endswith(".py"):
             continue
         multi = any(t in ("horovodrun", "mpiexec", "mpirun") for t in launcher)
-        cases.append(Case("unit", script, [tag], files, script, list(args), None if multi else 0))
+        cases.append(Case("unit", script, [tag], files, UNIT_DIR + script, list(args), None if multi else 0))
     return cases
 
 
@@ -278,15 +288,37 @@ def substitute(case):
     case.args = args
 
 
-def run_case(case, workers, timeout, python, logs: Path | None):
-    with tempfile.TemporaryDirectory(prefix="hugectr_compat_") as tmp:
+# Some of HugeCTR's scripts `os.system("pip install ...")` what they miss (cupy-cuda*, horovod):
+# a `pip` / `pip3` first on their PATH refuses, so a test run never changes the environment.
+_PIP_GUARD = """#!/bin/sh
+echo "hugectr_compat: refused: pip $* (a test may not install packages)" >&2
+exit 1
+"""
+
+
+def _guarded_env(bin_dir: Path) -> dict:
+    for name in ("pip", "pip3"):
+        f = bin_dir / name
+        f.write_text(_PIP_GUARD)
+        f.chmod(0o755)
+    return dict(os.environ, PYTHONUNBUFFERED="1", PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+def run_case(case, workers, timeout, python, logs: Path | None, index: int, shared: Path | None = None):
+    """Runs one case in a fresh temporary folder, or in `shared` (the unit suite: script.sh's
+    commands share their folder, e.g. prepare_dataset.py's data and saved parameters)."""
+    with tempfile.TemporaryDirectory(prefix="hugectr_compat_") as tmp, \
+            tempfile.TemporaryDirectory(prefix="hugectr_compat_bin_") as bin_dir:
+        where = Path(shared or tmp)
         for fname, text in case.files.items():
-            (Path(tmp) / fname).write_text(text)
+            (where / fname).parent.mkdir(parents=True, exist_ok=True)
+            (where / fname).write_text(text)
+        cwd = where / Path(case.script).parent
         cmd = _command(case, workers, timeout, python)
         t0 = time.monotonic()
         try:
-            p = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout + 30,
-                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout + 30,
+                               env=_guarded_env(Path(bin_dir)))
             out, code = p.stdout + p.stderr, p.returncode
         except subprocess.TimeoutExpired as e:
             out, code = (e.stdout or "") + (e.stderr or ""), None
@@ -294,8 +326,8 @@ def run_case(case, workers, timeout, python, logs: Path | None):
         case.seconds = time.monotonic() - t0
     if logs is not None:
         logs.mkdir(parents=True, exist_ok=True)
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{case.label}_{case.tags[0]}")
-        (logs / f"{safe}.log").write_text(f"$ {' '.join(cmd)}\n{out}")
+        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{case.suite}_{case.name}_{case.tags[0]}")
+        (logs / f"{index + 1:03d}_{safe}.log").write_text(f"$ {' '.join(cmd)}\n{out}")
     if code == 0:
         case.result = "PASS"
     elif code is None or code == 3 and "job timeout" in out:
@@ -306,10 +338,11 @@ def run_case(case, workers, timeout, python, logs: Path | None):
 
 
 def _command(case, workers, timeout, python):
+    script = Path(case.script).name          # run from its own folder
     if case.workers == 0:
-        return [python, case.script, *case.args]
+        return [python, script, *case.args]
     n = workers if case.workers is None else case.workers
-    return [python, "-m", "embedlab.sok.launch", "-n", str(n), "--timeout", str(timeout), case.script, *case.args]
+    return [python, "-m", "embedlab.sok.launch", "-n", str(n), "--timeout", str(timeout), script, *case.args]
 
 
 def _how(case, workers):
@@ -383,10 +416,11 @@ def main(argv=None):
         return 0
 
     logs = Path(a.logs) if a.logs else None
-    for i, c in enumerate(cases):
-        print(f"[{i + 1}/{len(cases)}] {c.label} [{_span(c.tags, order)}] ...", end=" ", flush=True)
-        run_case(c, a.workers, a.timeout, a.python, logs)
-        print(f"{c.result} ({c.seconds:.0f} s){' ' + c.reason if c.reason else ''}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="hugectr_compat_unit_") as unit_dir:
+        for i, c in enumerate(cases):
+            print(f"[{i + 1}/{len(cases)}] {c.label} [{_span(c.tags, order)}] ...", end=" ", flush=True)
+            run_case(c, a.workers, a.timeout, a.python, logs, i, Path(unit_dir) if c.suite == "unit" else None)
+            print(f"{c.result} ({c.seconds:.0f} s){' ' + c.reason if c.reason else ''}", flush=True)
 
     print("\n| test | tags | run | result | reason |\n|---|---|---|---|---|")
     for c in cases:

@@ -8,8 +8,8 @@ The recommended API: `init`, `Variable`, `DynamicVariable`, `lookup_sparse`,
 `all2all_dense_embedding`, `OptimizerWrapper`, `SGD`, `filter_variables`, `export` / `assign`,
 `dump` / `load`, `tf_version`. SOK's Horovod calls: `embedlab.sok.horovod`.
 The first-generation API (SOK's getting-started guide): `Init`, `DistributedEmbedding`,
-`All2AllDenseEmbedding`, `split_embedding_variable_from_others`, `OptimizerScope`, `Saver`.
-Start N local workers with `python -m embedlab.sok.launch -n N script.py`.
+`All2AllDenseEmbedding`, `split_embedding_variable_from_others`, `OptimizerScope`, `Saver`,
+`get_embedding`. Start N local workers with `python -m embedlab.sok.launch -n N script.py`.
 
 Names are loaded on first use: `import embedlab.sok` alone does not import TensorFlow, so the
 launcher (`embedlab.sok.launch`, which needs none) starts in a fraction of a second; the first
@@ -25,7 +25,7 @@ _NAMES = {
     "assign": "checkpoint", "dump": "checkpoint", "export": "checkpoint", "gather": "checkpoint", "load": "checkpoint",
     "DynamicVariable": "dynamic",
     "All2AllDenseEmbedding": "legacy", "DistributedEmbedding": "legacy", "Init": "legacy", "OptimizerScope": "legacy",
-    "Saver": "legacy", "split_embedding_variable_from_others": "legacy",
+    "Saver": "legacy", "split_embedding_variable_from_others": "legacy", "get_embedding": "legacy",
     "all2all_dense_embedding": "lookup", "lookup_sparse": "lookup", "sparse_read_and_evict": "lookup",
     "incremental_model_dump": "lookup",
     "OptimizerWrapper": "optimizer", "SGD": "optimizer", "filter_variables": "optimizer",
@@ -35,7 +35,7 @@ _NAMES = {
 __all__ = ["init", "context", "rank", "num_workers", "Variable", "DynamicVariable", "lookup_sparse",
            "all2all_dense_embedding", "OptimizerWrapper", "SGD", "filter_variables", "tf_version", "dump", "load", "export", "assign", "gather", "exchange",
            "Init", "DistributedEmbedding", "All2AllDenseEmbedding", "split_embedding_variable_from_others",
-           "OptimizerScope", "Saver", "sparse_read_and_evict", "incremental_model_dump"]
+           "OptimizerScope", "Saver", "sparse_read_and_evict", "incremental_model_dump", "get_embedding"]
 
 
 def __getattr__(name):

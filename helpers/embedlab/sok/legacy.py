@@ -42,7 +42,7 @@ from .lookup import all2all_dense_embedding, lookup_sparse
 from .optimizer import OptimizerWrapper, local_variable_scope
 
 __all__ = ["Init", "DistributedEmbedding", "All2AllDenseEmbedding", "split_embedding_variable_from_others",
-           "OptimizerScope", "Saver"]
+           "OptimizerScope", "Saver", "get_embedding"]
 
 _global_batch_size = None
 
@@ -152,6 +152,32 @@ class All2AllDenseEmbedding(_EmbeddingBase):
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.embedding_vec_size,)
+
+
+_embedding_store = threading.local()
+
+
+def get_embedding(name, constructor=None, **kwargs):
+    """The embedding layer called `name`, created with `constructor(**kwargs)` on first use (SOK's
+    `sok.get_embedding`: one store per thread). Later calls with the same name return the same
+    layer and ignore `constructor` and `kwargs`.
+
+    Example:
+        >>> emb = sok.get_embedding("Emb", sok.All2AllDenseEmbedding, max_vocabulary_size_per_gpu=1024,
+        ...                         embedding_vec_size=16, slot_num=10, nnz_per_slot=1)
+        >>> sok.get_embedding("Emb") is emb
+        True
+    """
+    store = getattr(_embedding_store, "layers", None)
+    if store is None:
+        store = _embedding_store.layers = {}
+    layer = store.get(name)
+    if layer is None:
+        if constructor is None:
+            raise ValueError(f"embedlab.sok.get_embedding: no embedding layer '{name}' yet, and no constructor to "
+                             f"create it")
+        layer = store[name] = constructor(**kwargs)
+    return layer
 
 
 def split_embedding_variable_from_others(variables):

@@ -57,3 +57,14 @@ def test_bad_key_dtype_is_a_clear_error():
         sok.All2AllDenseEmbedding(16, 3, slot_num=1, nnz_per_slot=1, key_dtype=tf.float32)
     with pytest.raises(ValueError, match="key_dtype must be int64, int32, uint32 or None .*'keys'"):
         sok.DistributedEmbedding("sum", 16, 3, slot_num=1, max_nnz=1, key_dtype="keys")
+
+
+def test_get_embedding_creates_once_then_returns_the_same_layer():
+    emb = sok.get_embedding("compat_emb", sok.All2AllDenseEmbedding, max_vocabulary_size_per_gpu=8,
+                            embedding_vec_size=2, slot_num=1, nnz_per_slot=1)
+    assert isinstance(emb, sok.All2AllDenseEmbedding)
+    assert sok.get_embedding("compat_emb") is emb
+    assert sok.get_embedding("compat_emb", sok.All2AllDenseEmbedding, max_vocabulary_size_per_gpu=99,
+                             embedding_vec_size=2, slot_num=1, nnz_per_slot=1) is emb
+    with pytest.raises(ValueError, match="no embedding layer 'missing' yet, and no constructor"):
+        sok.get_embedding("missing")
