@@ -59,7 +59,10 @@ class Variable(resource_variable_ops.ResourceVariable):
         shape: the global `[rows, dim]`, with an initializer.
         name: the table's name (in error messages and dump files).
 
-    Attributes: `mode`, `target_rank` (localized) / -1, `global_shape`, `rank`, `num_workers`.
+    Attributes: `mode`, `target_rank` (localized) / -1, `global_shape`, `rank`, `num_workers`,
+    and SOK's names `target_gpu`, `num_gpus`, `global_gpu_id`, `key_map(ids)`. Read as a
+    `tf.Variable` (`tf.nn.embedding_lookup`, `numpy()`), it is this worker's shard by local row,
+    as SOK's is; `sok.lookup_sparse` reads global row ids.
 
     Example:
         >>> v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)   # [9, 3] on rank 0 of 2
@@ -110,6 +113,27 @@ class Variable(resource_variable_ops.ResourceVariable):
     @property
     def is_sok_variable(self) -> bool:
         return True
+
+    # SOK's names for the same facts (DistributedVariable / LocalizedVariable)
+    @property
+    def target_gpu(self) -> int:
+        """The rank that holds a localized table, -1 for a distributed one."""
+        return self.target_rank if self.kind == "localized" else -1
+
+    @property
+    def num_gpus(self) -> int:
+        """The number of workers."""
+        return self.num_workers
+
+    @property
+    def global_gpu_id(self) -> int:
+        """This worker's rank."""
+        return self.rank
+
+    def key_map(self, indices):
+        """This shard's row of each global row id it owns (SOK's key_map): id // n for a
+        distributed table, the id itself for a localized one."""
+        return indices // self.num_workers if self.kind == "distributed" else indices
 
     def global_rows_of_shard(self) -> np.ndarray:
         """The global row ids of this shard's rows, in order."""

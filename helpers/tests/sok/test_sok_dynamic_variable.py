@@ -397,3 +397,11 @@ def test_checkpoint_with_optimizer_resumes_training_exactly(tmp_path, request):
     tf.train.Checkpoint(table=d).restore(apath).assert_consumed()
     np.testing.assert_array_equal(tf.nn.embedding_lookup(d, tf.constant(universe)),
                                   tf.nn.embedding_lookup(a, tf.constant(universe)))
+
+
+def test_static_variable_has_soks_attribute_names():
+    v = sok.Variable(np.arange(10 * 2, dtype=np.float32).reshape(10, 2), name="static")
+    assert v.target_gpu == -1 and v.num_gpus == 1 and v.global_gpu_id == 0 and v.global_shape == [10, 2]
+    assert v.key_map(tf.constant([7], tf.int64)).numpy().tolist() == [7]
+    loc = sok.Variable(np.zeros((3, 2), np.float32), mode="localized:0")
+    assert loc.target_gpu == 0 and loc.key_map(5) == 5
