@@ -78,12 +78,12 @@ def main(argv=None) -> int:
               f"  tiers   {tiers}\n"
               f"  HTTP    {server.http_url}   (curl {server.http_url}/v2/health/ready)\n"
               f"  gRPC    {server.grpc_url}\n"
-              f"  metrics {server.metrics_url}   (embedlab_hps_stat: the HPS statistics)\n"
+              f"  metrics {server.metrics_url}   (embedlab_hps_stat: the HPS statistics, current at each scrape)\n"
               f"  log     {server.log_file}\n"
               f"Model 'ensemble': EMB_KEY int64 [batch, {k}], EMB_N_KEY int32 [batch, 1] (= {k}) -> "
-              f"DENSE_OUTPUT float32.\n"
-              "  python -c \"import numpy as np; from embedlab.serving import client_for, infer; "
-              f"print(infer(client_for('{server.http_url}'), np.zeros((2, {k}), np.int64)))\"\n"
+              f"DENSE_OUTPUT float32, DEFAULTED_KEYS int32 [batch, 1] (keys answered with the default vector).\n"
+              "  python -c \"import numpy as np; from embedlab.serving import client_for, predict; "
+              f"print(predict(client_for('{server.http_url}'), np.zeros((2, {k}), np.int64)))\"\n"
               "Ctrl-C stops it.", flush=True)
         try:
             while not stop.wait(0.5):

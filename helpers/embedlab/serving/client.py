@@ -263,25 +263,54 @@ def run_load(server_or_url, key_batches, *, model: str = "ensemble", output: str
 _METRIC = re.compile(r'^embedlab_hps_stat\{([^}]*)\}\s+(\S+)$')
 
 
-def hps_stats(server_or_url) -> dict:
+# Stats that are not added up over the instances of the hps_embedding model (each instance has
+# its own ParameterServer): the same in every instance, a state, or a ratio recomputed below.
+_SAME = (".rows", ".dim", ".default", ".cache_capacity")
+
+
+def _combine(per_instance: dict) -> dict:
+    out: dict = {}
+    for stats in per_instance.values():
+        for k, v in stats.items():
+            if k not in out:
+                out[k] = v
+            elif k.endswith(".available"):
+                out[k] = min(out[k], v)
+            elif k.endswith(".down_seconds") or k.endswith(_SAME):
+                out[k] = max(out[k], v)
+            else:
+                out[k] += v
+    for k in [k for k in out if k.endswith(".latency_ms_mean")]:
+        base = k[: -len("latency_ms_mean")]
+        calls = out.get(base + "calls", 0.0)
+        out[k] = 1e3 * out.get(base + "seconds", 0.0) / calls if calls else 0.0
+    return out
+
+
+def hps_stats(server_or_url, per_instance: bool = False) -> dict:
     """The HPS statistics the `hps_embedding` model publishes on the server's metrics endpoint.
 
     Returns {stat: value} with the flattened `ParameterServer.stats()` keys ("a.b.c"). On a server
     started by `TritonServer` they are the counters as they are when the scrape arrives: every
     request answered before it is counted (the metrics port has each `hps_embedding` instance
     publish before it answers). A tritonserver started otherwise publishes them every 0.25 s.
+
+    Each model instance has its own ParameterServer and publishes under its own `instance`
+    label; the counts are added up over the instances (`available` is the least, `down_seconds`
+    the longest, `latency_ms_mean` recomputed from the sums). `per_instance=True` returns
+    {instance: {stat: value}} instead.
     """
     url = server_or_url if isinstance(server_or_url, str) else server_or_url.metrics_url
     with urllib.request.urlopen(url, timeout=5.0) as r:
         text = r.read().decode()
-    out = {}
+    by_instance: dict = {}
     for line in text.splitlines():
         m = _METRIC.match(line)
         if not m:
             continue
         labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1)))
-        out[labels.get("stat", "")] = float(m.group(2))
-    return out
+        by_instance.setdefault(labels.get("instance", ""), {})[labels.get("stat", "")] = float(m.group(2))
+    return by_instance if per_instance else _combine(by_instance)
 
 
 def sweep(server_or_url, make_batches, batch_sizes=(1, 32, 256, 1024), concurrencies=(1, 4), *,

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from embedlab.hps.redis import ADDRESS_ENV, PASSWORD_ENV
-from embedlab.serving import client_for, infer
-from serving_export import MAX_BATCH, random_keys
+from embedlab.serving import client_for, hps_stats, infer, predict
+from serving_export import MAX_BATCH, SLOTS, VOCAB_PER_SLOT, random_keys
 
 
 def _copy_export(export_dir, dst):
@@ -82,10 +82,18 @@ def _env(**kw):
 
 def _check_answers(out: str, reference, rng):
     url = re.search(r"HTTP\s+(127\.0\.0\.1:\d+)", out).group(1)
+    metrics = re.search(r"metrics\s+(http://127\.0\.0\.1:\d+/metrics)", out).group(1)
     keys = random_keys(rng, 9)
+    keys[3, 2] = 10**15
+    stat = f"tables.{reference.manifest.model_name}/0.keys"
+    before = hps_stats(metrics)[stat]
     with client_for(url) as c:
         got = infer(c, keys)
+        p = predict(c, keys)            # the printed example's call
     np.testing.assert_allclose(got, reference.predict(keys), rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(p.output, got)
+    np.testing.assert_array_equal(p.defaulted_keys, (keys >= SLOTS * VOCAB_PER_SLOT).sum(axis=1))
+    assert hps_stats(metrics)[stat] - before == 2 * keys.size       # the metrics port is current
 
 
 def test_serve_uses_the_redis_of_the_variables(export_dir, reference, tmp_path, rng):

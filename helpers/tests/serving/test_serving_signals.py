@@ -147,3 +147,23 @@ def test_parameter_server_marks_defaulted_keys(reference, rng):
     assert ps.stats()["tables"]["served_dnn/0"]["defaults_returned"] - before == 2 * 3   # two lookups, 3 each
     empty_v, empty_d = ps.lookup("served_dnn", 0, np.zeros(0, np.int64), return_defaulted=True)
     assert empty_v.shape == (0, DIM) and empty_d.shape == (0,)
+
+
+def test_metrics_of_two_instances_add_up(export_dir, tmp_path, rng):
+    # Two hps_embedding instances, each with its own ParameterServer: each publishes under its
+    # own `instance` label (they used to overwrite each other's values), and hps_stats adds up.
+    from embedlab.serving import TritonServer, write_model_repository
+    repo = write_model_repository(export_dir, tmp_path / "repo", max_batch_size=64, embedding_instances=2)
+    batch = 8
+    batches = [random_keys(rng, batch) for _ in range(16)]
+    with TritonServer(repo, log_file=tmp_path / "triton.log") as s:
+        res = run_load(s, batches, concurrency=4, duration_s=1.5, max_requests=120, warmup=0)
+        per = hps_stats(s, per_instance=True)
+        total = hps_stats(s)
+    assert res.failed == 0, res.errors
+    assert len(per) == 2, sorted(per)
+    keys = [st[f"{TABLE}.keys"] for st in per.values()]
+    assert sum(keys) == total[f"{TABLE}.keys"] == res.requests * batch * SLOTS, (keys, res.requests)
+    assert total[f"{TABLE}.rows"] == SLOTS * VOCAB_PER_SLOT                # the same in both: not added
+    calls = total["tiers.cache.calls"]
+    assert total["tiers.cache.latency_ms_mean"] == pytest.approx(1e3 * total["tiers.cache.seconds"] / calls)

@@ -7,9 +7,9 @@ keys_per_sample, emb_vec_size]) and DEFAULTED_KEYS (INT32 [batch, 1]: how many k
 sample no tier holds, answered with the table's default vector). The parameter server is built
 from the HPS JSON named in the config's parameters, once per model instance; the requests of one
 dynamic batch are looked up in one call. The HPS statistics are published on Triton's metrics
-endpoint as the gauge `embedlab_hps_stat{model=..., stat=...}` by a thread of their own
-(`embedlab.serving._metrics.StatsPublisher`), off the request path: on every scrape of a server
-started by `embedlab.serving.TritonServer`, else at most 0.25 s after they change.
+endpoint as the gauge `embedlab_hps_stat{model=..., instance=..., stat=...}` by a thread of
+their own (`embedlab.serving._metrics.StatsPublisher`), off the request path: on every scrape of
+a server started by `embedlab.serving.TritonServer`, else at most 0.25 s after they change.
 """
 import json
 import os
@@ -51,8 +51,10 @@ class TritonPythonModel:
         self._family = pb_utils.MetricFamily(
             name="embedlab_hps_stat", description="embedlab.hps ParameterServer.stats() entries",
             kind=pb_utils.MetricFamily.GAUGE)
+        instance = args.get("model_instance_name", "")    # each instance has its own ParameterServer
         self._publisher = StatsPublisher(
-            self.ps.stats, lambda stat: self._family.Metric(labels={"model": self.model_name, "stat": stat}),
+            self.ps.stats,
+            lambda stat: self._family.Metric(labels={"model": self.model_name, "instance": instance, "stat": stat}),
             refresh_dir=os.environ.get(REFRESH_DIR_ENV) or None, period_s=_STATS_PERIOD_S)
         if self._publisher.error:
             pb_utils.Logger.log_warn(f"hps_embedding: statistics refresh on scrape is off, they are "
