@@ -103,6 +103,19 @@ def test_byte_ranges_own_every_line_once(tmp_path, rng):
             assert got == want_n, size
 
 
+def test_output_digest_sees_one_changed_value(inputs, tmp_path):
+    d, paths, ref = inputs
+    t = pq.read_table(ref.files["val"][0])
+    col = t.column("C7").to_numpy().copy()
+    col[len(col) // 2] += 1
+    changed = tmp_path / "changed.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("C7"), "C7", pa.array(col)), changed)
+    other = criteo.PreprocessResult(**{**ref.__dict__, "files": {**ref.files, "val": [changed]}})
+    a, b = criteo_dask.output_digest(ref), criteo_dask.output_digest(other)
+    assert a != b and a["splits"]["val"]["C7"] != b["splits"]["val"]["C7"]
+    assert a["splits"]["val"]["C8"] == b["splits"]["val"]["C8"]
+
+
 def test_bad_arguments(inputs, tmp_path, monkeypatch):
     d, paths, _ = inputs
     monkeypatch.delenv(criteo_dask.SCHEDULER_ENV, raising=False)
@@ -130,6 +143,7 @@ def test_identical_to_single_process(inputs, local, chunk_bytes, tmp_path):
     n, client = local
     res = criteo.preprocess(paths, tmp_path / "out", chunk_bytes=chunk_bytes, client=client, **KW)
     assert_same_output(ref, res)
+    assert criteo_dask.output_digest(ref) == criteo_dask.output_digest(res)
     meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
     assert meta["dask"]["workers"] == n
     assert meta["dask"]["chunks"] > (2 if chunk_bytes == 1 << 20 else 10)
@@ -220,7 +234,13 @@ def test_command_line_scheduler_and_workers(inputs, tmp_path, monkeypatch):
     d, paths, ref = inputs
     dask_cli = str(Path(sys.executable).parent / "dask")
     sched_file = tmp_path / "scheduler.json"
-    env = dict(os.environ, DASK_LOGGING__DISTRIBUTED="error")
+    # What the README tells users of `dask worker`: unset the nanny's MALLOC_TRIM_THRESHOLD_.
+    cfg = tmp_path / "dask-config"
+    cfg.mkdir()
+    (cfg / "embedlab.yaml").write_text(
+        "distributed:\n  nanny:\n    pre-spawn-environ:\n      MALLOC_TRIM_THRESHOLD_: null\n")
+    env = dict(os.environ, DASK_LOGGING__DISTRIBUTED="error", DASK_CONFIG=str(cfg))
+    env.pop("MALLOC_TRIM_THRESHOLD_", None)
     procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0",
                                "--no-dashboard", "--scheduler-file", str(sched_file)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
@@ -241,6 +261,8 @@ def test_command_line_scheduler_and_workers(inputs, tmp_path, monkeypatch):
         from distributed import Client
         with Client(addr, timeout=60) as c:
             c.wait_for_workers(2, timeout=120)
+            trim = c.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+            assert set(trim.values()) == {None}, trim
         monkeypatch.setenv(criteo_dask.SCHEDULER_ENV, addr)
         res = criteo.preprocess([f"file://{p}" for p in paths], f"file://{tmp_path}/out",
                                 chunk_bytes=300_000, **KW)
