@@ -405,8 +405,10 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
 
     Forward: sum pooling, torch under no_grad. Step: forward, the gradient of
     sum_t sum(out_t * r_t), SGD lr 0.01. torch: EmbeddingBag(sparse=True) + torch.optim.SGD;
-    core: lookup_forward, then lookup_backward_apply per table (sums each key's gradient and
-    updates its row, no gradient tensors); TensorFlow: fused_embedding_lookup(optimizer=SGD).
+    core: lookup_forward into reused output arrays, then lookup_backward_apply_many (sums each
+    key's gradient and updates its row, no gradient tensors); TensorFlow:
+    fused_embedding_lookup(optimizer=SGD). The core's forward is also timed into fresh output
+    arrays every call (as torch allocates), with the page faults that costs.
     """
     from embedlab import _native as native
     core = native.core()
@@ -462,17 +464,24 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
         loss.backward()
         t_opt.step()
 
+    core_outs = [np.empty((B, dim), np.float32) for _ in range(T)]
+
     def core_fwd(_, ring=Ring()):
+        # Into the same output arrays every call, as the core's API is meant to be used.
         offs, keys, _, _ = ring.next()
-        outs = [np.empty((B, dim), np.float32) for _ in range(T)]  # fresh, as torch's
-        core.lookup_forward(arrays, offs, keys, None, comb, outs)
+        core.lookup_forward(arrays, offs, keys, None, comb, core_outs)
+
+    def core_fwd_fresh(_, ring=Ring()):
+        # Into fresh arrays every call, as torch's forward allocates: NumPy's (malloc's) fresh
+        # memory is faulted in page by page on first write.
+        offs, keys, _, _ = ring.next()
+        core.lookup_forward(arrays, offs, keys, None, comb, [np.empty((B, dim), np.float32) for _ in range(T)])
 
     def core_step(_, ring=Ring()):
         offs, keys, _, _ = ring.next()
-        outs = [np.empty((B, dim), np.float32) for _ in range(T)]
-        core.lookup_forward(arrays, offs, keys, None, comb, outs)
-        for t in range(T):  # d(sum(out * r))/d(out) = r
-            core.lookup_backward_apply(arrays[t], offs[t], keys[t], None, "sum", r_np[t], "sgd", 0.01)
+        core.lookup_forward(arrays, offs, keys, None, comb, core_outs)
+        # d(sum(out * r))/d(out) = r; every table's backward + SGD in one call
+        core.lookup_backward_apply_many(arrays, offs, keys, None, comb, r_np, "sgd", 0.01)
 
     # The same answer first: torch's forward and the core's, bit for bit.
     offs, keys, o_t, k_t = batches[0]
@@ -483,7 +492,20 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
         for t in range(T):
             np.testing.assert_allclose(bags[t](k_t[t], o_t[t]).numpy(), outs[t], rtol=1e-5, atol=1e-6)
 
+    import resource
+
+    def faults(fn, calls=8):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(calls):
+            fn(None)
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / calls
+
+    faults(core_fwd)
+    faults(core_fwd_fresh)
+    page_faults = {"reused": faults(core_fwd), "fresh": faults(core_fwd_fresh), "torch": faults(torch_fwd)}
+
     cases = {"peer_fwd_torch_ms": (torch_fwd, None), "peer_fwd_core_ms": (core_fwd, None),
+             "peer_fwd_core_fresh_ms": (core_fwd_fresh, None),
              "peer_step_torch_ms": (torch_step, None), "peer_step_core_ms": (core_step, None)}
     need = T * a.rows * dim * 4 * 1.3
     avail = _available_bytes()
@@ -540,7 +562,8 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
                 d[k] /= K
     res = {"peer_dim": dim, "peer_pages": a.peer_pages, "peer_table_huge_kib": huge_kb,
            "peer_table_kib": T * a.rows * dim * 4 // 1024, "peer_keys_per_batch": nkeys,
-           "peer_torch": torch.__version__, "peer_fwd_bits_equal_torch_core": same_bits, **med,
+           "peer_torch": torch.__version__, "peer_fwd_bits_equal_torch_core": same_bits,
+           "peer_fwd_page_faults_per_call": page_faults, **med,
            "peer_min": mins}
     res["peer_fwd_ratio_core"] = med["peer_fwd_torch_ms"] / med["peer_fwd_core_ms"]
     res["peer_step_ratio_core"] = med["peer_step_torch_ms"] / med["peer_step_core_ms"]
@@ -675,7 +698,9 @@ def main():
                   f"{r['peer_step_ratio_core']:5.2f}x / {g('peer_step_ratio_graph', '5.2f')}x || "
                   f"{g('peer_core_over_graph_fwd', '5.2f')} , {g('peer_core_over_graph_step', '5.2f')} | "
                   f"{g('peer_eager_overhead_ms', '6.3f')} | {r['peer_table_huge_kib']} / {r['peer_table_kib']}"
-                  f"  (forward bits equal torch/core: {r['peer_fwd_bits_equal_torch_core']})")
+                  f"  (forward bits equal torch/core: {r['peer_fwd_bits_equal_torch_core']}; core forward into fresh "
+                  f"arrays {r['peer_fwd_core_fresh_ms']:.2f} ms; page faults per forward: "
+                  f"{r['peer_fwd_page_faults_per_call']})")
     out = {"command": cmd, "machine": machine, "config": {k: (str(v) if isinstance(v, Path) else v)
                                                            for k, v in vars(a).items()},
            "results": results, "peers": peer_results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

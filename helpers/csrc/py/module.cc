@@ -235,6 +235,88 @@ void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const st
   grad.apply(t, opt, pool(num_threads));
 }
 
+// lookup_backward_apply over many tables in one call, as the TensorFlow op does it: every
+// table's offsets checked, keys sorted (in parallel, one table per thread when there are at
+// least two per thread), keys checked from the sort's min / max (no separate pass; nothing is
+// written before every table passed), then each table's gradient summed and applied. The
+// per-table state keeps its buffers between calls (no page faults in steady state).
+void lookup_backward_apply_many(std::vector<F2>& tables, const std::vector<I1>& offsets, const std::vector<I1>& keys,
+                                const std::optional<std::vector<F1>>& weights, const std::vector<std::string>& combiners,
+                                const std::vector<CF2>& grad_outs, const std::string& optimizer, float lr,
+                                std::optional<std::vector<F2>> accumulators, std::optional<std::vector<F2>> ms,
+                                std::optional<std::vector<F2>> vs, float epsilon, double beta_1, double beta_2,
+                                int64_t step, int num_threads) {
+  const char* fn = "lookup_backward_apply_many";
+  const size_t n = tables.size();
+  if (offsets.size() != n || keys.size() != n || combiners.size() != n || grad_outs.size() != n ||
+      (weights && weights->size() != n))
+    fail(fn, "tables, row_offsets, keys, combiners, grad_outs (and weights) must have the same length");
+  SparseOptimizer opt;
+  std::string err = make_optimizer(optimizer, lr, epsilon, beta_1, beta_2, step, &opt);
+  if (!err.empty()) fail(fn, err);
+  auto slots = [&](std::optional<std::vector<F2>>& a, const char* name, bool needed) {
+    if (needed && (!a || a->size() != n)) fail(fn, optimizer + " needs " + name + ", one per table");
+  };
+  slots(accumulators, "accumulators", opt.kind == OptimizerKind::kAdagrad);
+  slots(ms, "ms", opt.kind == OptimizerKind::kAdam);
+  slots(vs, "vs", opt.kind == OptimizerKind::kAdam);
+  std::vector<LookupGradArgs> g(n);
+  std::vector<SparseUpdateArgs> tg(n);
+  for (size_t t = 0; t < n; ++t) {
+    const std::string where = "table " + std::to_string(t) + ": ";
+    g[t].ids = csr_of(fn, t, offsets[t], keys[t], weights ? &(*weights)[t] : nullptr);
+    g[t].combiner = combiner_of(fn, combiners[t]);
+    g[t].dim = static_cast<int64_t>(grad_outs[t].shape(1));
+    g[t].grad_out = grad_outs[t].data();
+    if (grad_outs[t].shape(0) != static_cast<size_t>(g[t].ids.batch))
+      fail(fn, where + "grad_out has " + std::to_string(grad_outs[t].shape(0)) + " rows, ids have " +
+                   std::to_string(g[t].ids.batch));
+    if (static_cast<int64_t>(tables[t].shape(1)) != g[t].dim)
+      fail(fn, where + "table has dim " + std::to_string(tables[t].shape(1)) + ", grad_out " + std::to_string(g[t].dim));
+    err = check_offsets(g[t].ids);  // before any kernel reads them
+    if (!err.empty()) fail(fn, where + err);
+    SparseUpdateArgs& a = tg[t];
+    a.table = tables[t].data();
+    a.num_rows = static_cast<int64_t>(tables[t].shape(0));
+    a.dim = g[t].dim;
+    auto slot = [&](std::optional<std::vector<F2>>& v, const char* name) -> float* {
+      F2& x = (*v)[t];
+      check_slot(fn, name, x, a);
+      return x.data();
+    };
+    if (opt.kind == OptimizerKind::kAdagrad) a.slot1 = slot(accumulators, "accumulators[t]");
+    if (opt.kind == OptimizerKind::kAdam) {
+      a.slot1 = slot(ms, "ms[t]");
+      a.slot2 = slot(vs, "vs[t]");
+    }
+  }
+  static std::mutex mu;  // the kept per-table state: one call at a time
+  static std::vector<LookupGradCpu> grads;
+  std::lock_guard<std::mutex> l(mu);
+  if (grads.size() < n) grads.resize(n);
+  ThreadPool& p = pool(num_threads);
+  const bool per_thread = static_cast<int>(n) >= 2 * p.num_threads();
+  auto for_each_table = [&](auto f) {
+    if (per_thread) {
+      p.parallel_for(static_cast<int64_t>(n), int64_t{1} << 20, [&](int64_t b, int64_t e) {
+        for (int64_t t = b; t < e; ++t) f(static_cast<size_t>(t), inline_pool());
+      });
+    } else {
+      for (size_t t = 0; t < n; ++t) f(t, p);
+    }
+  };
+  {
+    nb::gil_scoped_release release;
+    for_each_table([&](size_t t, ThreadPool& tp) { grads[t].prepare(g[t], tp); });
+  }
+  for (size_t t = 0; t < n; ++t) {
+    if (grads[t].min_key() < -1 || grads[t].max_key() >= tg[t].num_rows)
+      fail(fn, "table " + std::to_string(t) + ": " + check_ids(g[t].ids, tg[t].num_rows));
+  }
+  nb::gil_scoped_release release;
+  for_each_table([&](size_t t, ThreadPool& tp) { grads[t].apply(tg[t], opt, tp); });
+}
+
 }  // namespace
 
 NB_MODULE(_embedlab_core, m) {
@@ -260,6 +342,13 @@ NB_MODULE(_embedlab_core, m) {
         nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("num_threads") = 0,
         "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam') on the touched rows of `table` (in place);\n"
         "the gradient is never materialized. Same bits as lookup_backward followed by sparse_<opt>.");
+  m.def("lookup_backward_apply_many", &lookup_backward_apply_many, nb::arg("tables"), nb::arg("row_offsets"),
+        nb::arg("keys"), nb::arg("weights").none(), nb::arg("combiners"), nb::arg("grad_outs"), nb::arg("optimizer"),
+        nb::arg("lr"), nb::arg("accumulators").none() = nb::none(), nb::arg("ms").none() = nb::none(),
+        nb::arg("vs").none() = nb::none(), nb::arg("epsilon") = 1e-7f, nb::arg("beta_1") = 0.9,
+        nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("num_threads") = 0,
+        "lookup_backward_apply for many tables in one call (lists; slots: accumulators / ms, vs, one per table):\n"
+        "tables sorted in parallel and checked before anything is written. Same bits as table-by-table calls.");
   m.def(
       "sparse_sgd",
       [](F2 table, I1 indices, CF2 grads, float lr, int num_threads) {
