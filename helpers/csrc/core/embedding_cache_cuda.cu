@@ -2,18 +2,18 @@
 //
 // Where the time goes: the hit path is a gather with a key check in front of it. A plain gather
 // of the same rows reads the index and the row; the cache must also find the way and prove the
-// key. So that this costs about one more 32-byte sector and not two more random lines, each set
-// keeps one byte per way, a tag (8 bits of the key's hash other than those that choose the set,
-// never 0; 0 marks a free way): 8 bytes per set at 8 ways, so the tags of the whole cache (1 byte
-// per slot) mostly stay in the 50 MB L2. A lookup reads its set's tag word, and for the first way
-// whose tag matches, reads that way's key (one sector) and row at the same time; the row is
-// kept only if the key is equal (another matching way is tried otherwise; a tag collision costs
-// one more key and row read, at 8 ways about 3 % of lookups). The occupancy mask and all 8 keys
-// are never read by a lookup. One "group" of G lanes serves one key (G = 1 at dim 16: four
-// 16-byte loads per thread; G = 8 at dim 128), one group per key in the grid, so all loads of a
-// batch are in flight at once. Dynamic caches write the call's epoch (a device counter, see
-// call_epoch) into a hit's 16-bit stamp only when it differs (the stamps, 2 bytes per slot,
-// also mostly stay in L2); static caches write nothing.
+// key. To read as little as possible besides the row, each set keeps one byte per way, a tag (8
+// bits of the key's hash other than those that choose the set, never 0; 0 marks a free way): 8
+// bytes per set at 8 ways, 8.4 MB for 8.4 M slots (a sixth of an H100's 50 MB L2). A lookup reads
+// its set's tag word and, for the first way whose tag matches, that way's key (one 32-byte
+// sector) and row at the same time; the row is kept only if the key is equal (another matching
+// way is tried otherwise, so a tag collision costs one more key and row read). The occupancy mask
+// and the other ways' keys are never read by a lookup. Proving the key is still a second random
+// read per hit: at dim 16 that, not the tags, bounds the hit path (RESULTS.md, hps). One "group"
+// of G lanes serves one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 8 at dim
+// 128, four pieces per lane), one group per key in the grid, so all loads of a batch are in
+// flight at once. Dynamic caches write the call's epoch (a device counter) into a hit's 16-bit
+// stamp only when it differs; static caches write nothing.
 //
 // Writes (insert / update / erase): one group per key; lane 0 takes the set's lock (its version
 // word from even to odd with atomicCAS), decides the way, publishes it to the group, the group
