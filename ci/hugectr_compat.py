@@ -154,14 +154,17 @@ RUN_SCRIPT_RE = re.compile(r"^sparse_operation_kit/sparse_operation_kit/(experim
 
 
 def _run_modes(repo, tag, tree):
-    """{'lookup/x.py': workers} from the tag's function_test/run_*.sh: `python x.py` -> 0 (a plain
-    process, no launcher), `horovodrun -np 1` -> 1, `horovodrun -np ${task_num}` -> None (--workers)."""
+    """{'lookup/x.py': (commented out, workers)} from the tag's function_test/run_*.sh."""
+    return _modes_of([_blob(repo, sha) for sha, path in tree if RUN_SCRIPT_RE.match(path)])
+
+
+def _modes_of(scripts):
+    """From run scripts: `python x.py` -> 0 (a plain process, no launcher), `horovodrun -np 1`
+    -> 1, `horovodrun -np ${task_num}` -> None (--workers)."""
     modes = {}
-    for sha, path in tree:
-        if not RUN_SCRIPT_RE.match(path):
-            continue
+    for text in scripts:
         cwd = ""
-        for line in _blob(repo, sha).splitlines():
+        for line in text.splitlines():
             line = line.strip()
             commented = line.startswith("#")
             line = line.lstrip("#").strip()
@@ -256,10 +259,20 @@ def discover_unit(repo, tag):
 def discover_checkout(tree: Path):
     cases = []
     base = tree / SOK / SOK
-    for sub in ("test/function_test/tf2", "experiment/test/function_test/tf2"):
-        for p in sorted((base / sub).rglob("*.py")):
-            rel = str(p.relative_to(base / sub))
-            cases.append(Case("function", rel, ["checkout"], {p.name: p.read_text()}, p.name))
+    for sub in ("test/function_test", "experiment/test/function_test"):
+        modes = _modes_of([f.read_text() for f in sorted((base / sub).glob("run_*.sh"))])
+        for p in sorted((base / sub / "tf2").rglob("*.py")):
+            rel = str(p.relative_to(base / sub / "tf2"))
+            c = Case("function", rel, ["checkout"], {p.name: p.read_text()}, p.name)
+            if rel in modes:
+                commented, c.workers = modes[rel]
+                c.note = "commented out in its run scripts" if commented else ""
+            else:
+                c.workers = 1 if "hvd.init()" in c.files[c.script] else 0
+                c.note = "not in its run scripts"
+            cases.append(c)
+    if not cases:
+        raise SystemExit(f"hugectr_compat: no function tests under {base}")
     return cases
 
 
