@@ -229,7 +229,8 @@ def report(results: dict, out: Path):
         results["phases_dask2"] = ph
     out.write_text(json.dumps(results, indent=1))
     _plot(results, out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+    _plot(results, HERE / "etl.png")             # the plot RESULTS.md shows, beside it
+    print(f"\nwrote {out}, {out.with_suffix('.png')} and {HERE / 'etl.png'}")
 
 
 def _plot(results, png: Path):
