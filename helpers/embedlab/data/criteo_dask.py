@@ -174,7 +174,10 @@ def resolve_client(client):
 
 
 def worker_peak_rss(client) -> dict:
-    """Peak resident memory of each worker process so far, in bytes ({worker address: bytes})."""
+    """Peak resident memory of each worker process so far, in bytes ({worker address: bytes}).
+
+    Linux only (the VmHWM line of /proc/self/status).
+    """
     return client.run(_peak_rss)
 
 
@@ -209,8 +212,14 @@ def output_digest(result) -> dict:
 
 
 def _peak_rss() -> int:
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024      # Linux: KiB
+    # VmHWM: the high-water mark of this process's own memory since it was exec'd. (getrusage's
+    # ru_maxrss is no good here: Linux carries it over exec, so a worker spawned from a
+    # Jupyter kernel would report the kernel's size.)
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("worker_peak_rss needs Linux's /proc/self/status")
 
 
 def _dashboard(client) -> str | None:

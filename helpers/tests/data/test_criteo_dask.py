@@ -148,6 +148,8 @@ def test_identical_to_single_process(inputs, local, chunk_bytes, tmp_path):
     assert meta["dask"]["workers"] == n
     assert meta["dask"]["chunks"] > (2 if chunk_bytes == 1 << 20 else 10)
     assert not [p for p in tmp_path.iterdir() if p.name != "out"]      # no temporary folder
+    rss = criteo_dask.worker_peak_rss(client)
+    assert len(rss) == n and all(50 << 20 < v < 8 << 30 for v in rss.values()), rss
 
 
 def test_malformed_line_fails_with_its_file_and_line(inputs, local, tmp_path):
