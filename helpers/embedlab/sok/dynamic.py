@@ -145,7 +145,9 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
     `assign*`, `scatter_nd_*`, SavedModel, ...) raises NotImplementedError saying what to use.
 
     The gradient of a read is an `IndexedSlices` over this worker's storage rows (not keys):
-    give it to `sok.OptimizerWrapper`, which applies it to `v.storage`.
+    give it to `sok.OptimizerWrapper`, which applies it to `v.storage`. The scatter methods
+    refuse an IndexedSlices with a dense_shape (as gradients have), so a plain Keras optimizer
+    cannot apply a gradient to the wrong keys.
 
     Example:
         >>> v = sok.DynamicVariable(dimension=3, initializer="13")
@@ -338,6 +340,13 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
         if not isinstance(sparse_delta, tf.IndexedSlices):
             raise TypeError(f"embedlab.sok.DynamicVariable '{self.table_name}'.{where}: sparse_delta must be "
                             f"tf.IndexedSlices(values, keys), got {type(sparse_delta).__name__}")
+        if sparse_delta.dense_shape is not None:
+            # Gradients carry a dense_shape (the storage's [capacity, dim]) and index storage rows,
+            # not keys: applying one here would move the rows of other keys.
+            raise ValueError(f"embedlab.sok.DynamicVariable '{self.table_name}'.{where}: sparse_delta has a "
+                             "dense_shape, as a gradient does; a gradient of a DynamicVariable indexes its storage "
+                             "rows, not keys: apply it with sok.OptimizerWrapper (or to v.storage). For a write by "
+                             "key, give tf.IndexedSlices(values, keys) without dense_shape")
         keys = self._keys(sparse_delta.indices, where)
         values = tf.convert_to_tensor(sparse_delta.values, tf.float32)
         if values.shape.rank is not None and keys.shape.rank is not None and (

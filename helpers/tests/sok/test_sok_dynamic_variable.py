@@ -405,3 +405,27 @@ def test_static_variable_has_soks_attribute_names():
     assert v.key_map(tf.constant([7], tf.int64)).numpy().tolist() == [7]
     loc = sok.Variable(np.zeros((3, 2), np.float32), mode="localized:0")
     assert loc.target_gpu == 0 and loc.key_map(5) == 5
+
+
+@pytest.mark.parametrize("mode", _modes())
+def test_a_gradient_is_not_applied_as_keys(mode):
+    """A read's gradient indexes storage rows; a plain Keras optimizer (which calls scatter_sub
+    with it) or v.scatter_sub(grad) is refused instead of moving the rows of other keys."""
+    v, _ = _table()
+
+    def grad():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.nn.embedding_lookup(v, _k([2**40, 5])))
+        return tape.gradient(loss, v)
+
+    g = grad()
+    assert isinstance(g, tf.IndexedSlices) and g.dense_shape is not None
+    with pytest.raises(ValueError, match="gradient of a DynamicVariable indexes its storage rows.*OptimizerWrapper"):
+        v.scatter_sub(g)
+    plain = tf.keras.optimizers.SGD(learning_rate=1.0)
+    with pytest.raises(ValueError, match="OptimizerWrapper"):
+        mode(lambda: [plain.apply_gradients([(grad(), v)]), None][1])()
+    # the same gradient through OptimizerWrapper moves exactly those keys
+    sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0)).apply_gradients([(grad(), v)])
+    np.testing.assert_array_equal(tf.nn.embedding_lookup(v, _k([2**40, 5, 7])),
+                                  [[-11, -12, -13], [-0.5, -0.5, -0.5], [0.5, 0.5, 0.5]])
