@@ -41,6 +41,14 @@ Measured, per dim, in the same run:
   `ops.to_csr`, which lookups on CPU variables no longer need; the forward, backward and SGD
   apply kernels), to show where the time goes.
 
+Peers (when torch imports; `make bench-peers` runs this script in an environment with torch's
+CPU wheel, `--peers only` skips the TensorFlow-vs-TensorFlow block): torch.nn.EmbeddingBag
+against EmbedLab's framework-free core and its TensorFlow op, all on the very same tables (NumPy
+buffers on 2 MiB huge pages, or 4 KiB with `--peer-pages 4k`, that torch wraps without a copy),
+forward and train step, interleaved in one process; see `run_peers`. torch's OpenMP threads spin
+after each call by default and slow what runs next in the process; `OMP_WAIT_POLICY=PASSIVE`
+in the environment makes them sleep (RESULTS.md reports both).
+
 Prints a table with ratios and writes JSON (default
 helpers/benchmarks/results/lookup_cpu_<machine>_<date>.json; see _results.py).
 
