@@ -4,11 +4,13 @@ No TensorFlow here: the Triton python backend runs this module in a process with
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import queue
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +22,18 @@ from .tiers import CacheTier, HashMapTier, RedisTier, RocksDBTier, TierFull, Tie
 log = logging.getLogger("embedlab.hps")
 
 __all__ = ["ParameterServer", "HPSLookupError"]
+
+# Servers whose background cache inserter runs. At interpreter exit the inserters are stopped and
+# joined before Python finalizes: a daemon thread still inside the compiled cache's insert (GIL
+# released) when the interpreter ends is unwound through C++ frames, and the process aborts
+# ("terminate called without an active exception", status 134) after the script's work is done.
+_with_inserter: "weakref.WeakSet[ParameterServer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_inserters_at_exit() -> None:
+    for ps in list(_with_inserter):
+        ps._stop_inserter()
 
 
 class HPSLookupError(ValueError):
@@ -382,6 +396,7 @@ class ParameterServer:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._insert_worker, name="hps-cache-insert", daemon=True)
             self._worker.start()
+            _with_inserter.add(self)
         try:
             self._queue.put_nowait((cache, tab, k, v, epoch))
         except queue.Full:
@@ -406,6 +421,16 @@ class ParameterServer:
                 log.warning("HPS background cache insertion failed for %s: %s", tab.name, e)
             finally:
                 self._queue.task_done()
+
+    def _stop_inserter(self) -> None:
+        """Stops the background cache inserter: queued insertions are dropped (the rows stay in
+        the tiers below), the one running ends, the thread is joined."""
+        self._closed = True
+        w = self._worker
+        if w is not None and w.is_alive():
+            self._queue.put(None)       # the worker skips what is queued before it once closed
+            w.join(timeout=30)
+        _with_inserter.discard(self)
 
     def wait_background(self) -> None:
         """Blocks until the background cache insertions queued so far are done."""
@@ -484,10 +509,7 @@ class ParameterServer:
         if getattr(self, "_did_close", False):
             return
         self._did_close = True
-        self._closed = True
-        if self._worker is not None and self._worker.is_alive():
-            self._queue.put(None)
-            self._worker.join(timeout=5)
+        self._stop_inserter()
         for tier in [getattr(self, "volatile", None), getattr(self, "persistent", None),
                      *getattr(self, "_caches", {}).values()]:
             if tier is not None:
