@@ -94,9 +94,11 @@ def run_nvt(src: str, dst: str) -> dict:
                          part_size="64MB")
         dense = ([f"I{i}" for i in range(1, 14)] >> ops.FillMissing(fill_val=0)
                  >> ops.Clip(min_value=0) >> ops.LogOp() >> ops.NormalizeMinMax())
-        cats = [f"C{i}" for i in range(1, 27)] >> ops.Categorify(freq_threshold=FREQ_THRESHOLD)
+        # Categorify writes its vocabularies under out_path (the working directory by default).
+        vocab = str(Path(dst).parent / "nvt_categories")
+        cats = [f"C{i}" for i in range(1, 27)] >> ops.Categorify(freq_threshold=FREQ_THRESHOLD, out_path=vocab)
         cross = [["C1", "C2"], ["C3", "C4"]] >> ops.Categorify(
-            encode_type="combo", freq_threshold=FREQ_THRESHOLD)
+            encode_type="combo", freq_threshold=FREQ_THRESHOLD, out_path=vocab)
         wf = nvt.Workflow(dense + cats + cross + ["label"], client=client)
         wf.fit(ds)
         wf.transform(ds).to_parquet(dst, out_files_per_proc=1)
