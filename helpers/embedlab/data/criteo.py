@@ -802,6 +802,18 @@ class PreprocessResult:
     rows_per_second: float
 
 
+def _check_preprocess_args(on_error, freq_threshold, row_group_rows, rows_per_file, chunk_bytes) -> None:
+    """The argument checks of `preprocess`, shared with `criteo_dask.preprocess`."""
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
+    if int(freq_threshold) < 1:
+        raise ValueError(f"freq_threshold must be >= 1, got {freq_threshold}")
+    if row_group_rows < 1 or rows_per_file < 1:
+        raise ValueError("row_group_rows and rows_per_file must be >= 1")
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+
+
 def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = True,
                freq_threshold: int = 6, split: Sequence[int] | None = KAGGLE_SPLIT,
                on_error: str = "fail", row_group_rows: int = 65_536,
@@ -860,14 +872,7 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
     import pyarrow.parquet as pq
     from ._progress import tqdm
 
-    if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
-    if int(freq_threshold) < 1:
-        raise ValueError(f"freq_threshold must be >= 1, got {freq_threshold}")
-    if row_group_rows < 1 or rows_per_file < 1:
-        raise ValueError("row_group_rows and rows_per_file must be >= 1")
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    _check_preprocess_args(on_error, freq_threshold, row_group_rows, rows_per_file, chunk_bytes)
     if client is not None or os.environ.get("EMBEDLAB_DASK_SCHEDULER"):
         from . import criteo_dask
         return criteo_dask.preprocess(

@@ -450,14 +450,9 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
     """
     from ._progress import tqdm
 
-    if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
-    if int(freq_threshold) < 1:
-        raise ValueError(f"freq_threshold must be >= 1, got {freq_threshold}")
-    if row_group_rows < 1 or rows_per_file < 1:
-        raise ValueError("row_group_rows and rows_per_file must be >= 1")
-    if chunk_bytes < 1 or fan_in < 2:
-        raise ValueError(f"chunk_bytes must be >= 1 and fan_in >= 2, got {chunk_bytes}, {fan_in}")
+    criteo._check_preprocess_args(on_error, freq_threshold, row_group_rows, rows_per_file, chunk_bytes)
+    if fan_in < 2:
+        raise ValueError(f"fan_in must be >= 2, got {fan_in}")
     from fsspec.core import url_to_fs
     urls, chunks = _plan(src, int(chunk_bytes))
     out_fs, out_path = url_to_fs(os.fspath(dst))
