@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_resource_variable_ops, resource_variable_ops
 
 from . import _context
+from .variable import _SokPlacementNames
 
 __all__ = ["DynamicVariable"]
 
@@ -114,7 +115,7 @@ class _UnreadableHandle:
         return getattr(object.__getattribute__(self, "_tensor"), name)
 
 
-class DynamicVariable(resource_variable_ops.ResourceVariable):
+class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
     """This worker's part of a hash-indexed embedding table that grows; read and written by key.
 
     Args (SOK's signature, in SOK's order):
@@ -240,16 +241,6 @@ class DynamicVariable(resource_variable_ops.ResourceVariable):
     def config_dict(self) -> dict:
         """SOK's backend options as given (init_capacity, max_capacity, ...)."""
         return dict(self._config_dict)
-
-    @property
-    def target_gpu(self) -> int:
-        """The rank that holds a localized table, -1 for a distributed one (SOK's name)."""
-        return self.target_rank if self.kind == "localized" else -1
-
-    @property
-    def num_gpus(self) -> int:
-        """The number of workers (SOK's name)."""
-        return self.num_workers
 
     @property
     def initializer_str(self):

@@ -47,7 +47,22 @@ def _unique_name(name):
     return name or f"sok_var_{next(_names)}"
 
 
-class Variable(resource_variable_ops.ResourceVariable):
+class _SokPlacementNames:
+    """SOK's names for where a table lives, shared by `Variable` and `DynamicVariable` (both set
+    `kind`, `target_rank` and `num_workers`)."""
+
+    @property
+    def target_gpu(self) -> int:
+        """The rank that holds a localized table, -1 for a distributed one."""
+        return self.target_rank if self.kind == "localized" else -1
+
+    @property
+    def num_gpus(self) -> int:
+        """The number of workers."""
+        return self.num_workers
+
+
+class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
     """This worker's shard of an embedding table.
 
     Args:
@@ -114,17 +129,8 @@ class Variable(resource_variable_ops.ResourceVariable):
     def is_sok_variable(self) -> bool:
         return True
 
-    # SOK's names for the same facts (DistributedVariable / LocalizedVariable)
-    @property
-    def target_gpu(self) -> int:
-        """The rank that holds a localized table, -1 for a distributed one."""
-        return self.target_rank if self.kind == "localized" else -1
-
-    @property
-    def num_gpus(self) -> int:
-        """The number of workers."""
-        return self.num_workers
-
+    # SOK's names for the same facts (DistributedVariable / LocalizedVariable); target_gpu and
+    # num_gpus come from _SokPlacementNames.
     @property
     def global_gpu_id(self) -> int:
         """This worker's rank."""
