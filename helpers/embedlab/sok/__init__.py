@@ -38,13 +38,17 @@ __all__ = ["init", "context", "rank", "num_workers", "Variable", "DynamicVariabl
            "OptimizerScope", "Saver", "sparse_read_and_evict", "incremental_model_dump", "get_embedding"]
 
 
+# submodules reached as attributes, e.g. SOK's module paths `sok.embeddings.tf_distributed_embedding`
+_SUBMODULES = ("exchange", "embeddings", "core", "optimizers", "saver")
+
+
 def __getattr__(name):
-    if name not in _NAMES and name != "exchange":
+    if name not in _NAMES and name not in _SUBMODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .._tfstart import import_tensorflow
     import_tensorflow()                  # once: TensorFlow without its start-up banner
-    if name == "exchange":
-        return _importlib.import_module(f"{__name__}.exchange")
+    if name in _SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")
     value = getattr(_importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)
     globals()[name] = value              # later lookups skip this function
     return value
