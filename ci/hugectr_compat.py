@@ -16,15 +16,19 @@ Suites (from the repository's tags, read with `git show`, nothing checked out):
   (SOK's first-generation API), each run in a copy of that folder.
 
 Each test is copied into a fresh temporary folder and changed by exactly the substitutions in
-`SUBSTITUTIONS` (imports -> embedlab.sok, `horovod.tensorflow` -> `embedlab.sok.horovod`, GPU
-sizes -> CPU sizes; every one applied is printed with its file and line, so anyone can audit
-that no assertion was touched), then run with `python -m embedlab.sok.launch -n N` in place of
-`horovodrun -np N` / `mpiexec -np N` (N = `--workers`, 2 by default; how each function test is
-started follows the tag's run_*.sh: `python x.py` runs as one plain process, `-np 1` as one
-worker, `-np ${task_num}` with `--workers`; a file no script names runs as one process). A
+`SUBSTITUTIONS` (imports -> embedlab.sok, SOK's module paths such as
+`sparse_operation_kit.embeddings.tf_distributed_embedding` -> the same path under embedlab.sok,
+`horovod.tensorflow` -> `embedlab.sok.horovod`, GPU sizes -> CPU sizes; every one applied is
+printed with its file and line, so anyone can audit that no assertion was touched), then run with
+`python -m embedlab.sok.launch -n N` in place of `horovodrun -np N` / `mpiexec -np N` (N =
+`--workers`, 2 by default; how each function test is started follows the tag's run_*.sh: `python
+x.py` runs as one plain process, `-np 1` as one worker, `-np ${task_num}` with `--workers`; a file
+no script names runs as one process). A
 `pip` that refuses comes first on the tests' PATH: some of the scripts pip-install what they
 miss (cupy, horovod). The result is a table: test, tags, PASS / FAIL / TIMEOUT and
-the last error line; `--json` writes it, `--logs` keeps every test's output.
+the last error line, and for the unit suite why the test is expected to fail here
+(`UNIT_EXPECTED`: none of it can pass on a CPU; a result that differs is reported); `--json`
+writes it, `--logs` keeps every test's output.
 
 This is not part of CI: CI has no HugeCTR copy (fetch one with
 `git clone https://github.com/NVIDIA-Merlin/HugeCTR`). Run it with the project's virtualenv
@@ -62,6 +66,10 @@ SUBSTITUTIONS = [
     (r"^(\s*)import sparse_operation_kit as sok\s*$", r"\1import embedlab.sok as sok", "import"),
     (r"^(\s*)from sparse_operation_kit import experiment as sok\s*$", r"\1import embedlab.sok as sok", "import"),
     (r"^(\s*)import sparse_operation_kit\.experiment as sok\s*$", r"\1import embedlab.sok as sok", "import"),
+    # SOK's first-generation module paths (HugeCTR's DenseDemo models.py imports
+    # sparse_operation_kit.embeddings.tf_distributed_embedding): the same paths under embedlab.sok
+    (r"^(\s*)from sparse_operation_kit\.((?:embeddings|core|optimizers|saver)(?:\.\w+)*) import (.+)$",
+     r"\1from embedlab.sok.\2 import \3", "import"),
     (r"^(\s*)import horovod\.tensorflow as hvd\s*$", r"\1import embedlab.sok.horovod as hvd", "import (horovod shim)"),
     # GPU sizes -> CPU sizes (2 cores): fewer steps, smaller batches and tables
     (r"^(\s*)iters = 100\s*$", r"\1iters = 10", "CPU size"),
@@ -86,6 +94,65 @@ ARG_SUBSTITUTIONS = [
     (r"^--gpu_num=\d+$", "--gpu_num=1", "one CPU device per process"),
     (r"^--local_gpu_num=\d+$", "--local_gpu_num=1", "one CPU device per process"),
 ]
+
+
+# The unit suite's expected results here (v23.09.00) and why, read from the tests' code and
+# checked by running them: script -> why it fails first. No test of this suite can pass on a CPU
+# with the substitutions above. `expected_unit` adds what fails next, seen in a diagnostic run
+# whose data were made with NumPy instead of CUDA (an edit of HugeCTR's utils.py that this runner
+# does not make). The table prints the expectation beside each result and counts the results that
+# differ from it; it changes nothing in how a test runs.
+_CUDA_DATA = ("CUDA: HugeCTR's utils.py makes the data (generate_random_samples) and sorts the dumped table "
+              "(sort_embedding_variables_by_key) with CUDA C kernels through cupy.RawKernel; no NumPy-backed "
+              "cupy can run them, so this is not an import swap")
+# an embedlab.sok defect: its Keras variable's dtype is a string, autocast to float16 under the
+# policy, and lookup_sparse's float32 check fails while writing its own message
+_MIXED = ("embedlab.sok's first-generation layers under the mixed_float16 policy: AttributeError "
+          "'str' object has no attribute 'name' from lookup_sparse's dtype check (an embedlab.sok defect)")
+UNIT_EXPECTED = {
+    "test_all_gather_dispatcher.py": "imports sok_unit_test_lib: SOK's compiled test ops over its internal GPU "
+                                     "dispatchers (libsok_unit_test.so); nothing here corresponds to them",
+    "test_csr_conversion_distributed.py": "imports sok_unit_test_lib (as test_all_gather_dispatcher.py)",
+    "test_reduce_scatter_dispatcher.py": "imports sok_unit_test_lib (as test_all_gather_dispatcher.py)",
+    "test_sparse_emb_demo_model_single_worker.py": _CUDA_DATA,
+    "test_sparse_emb_demo_model_multi_worker.py": _CUDA_DATA,
+    "test_dense_emb_demo_model_single_worker.py": _CUDA_DATA,
+    "test_dense_emb_demo_model_multi_worker.py": _CUDA_DATA,
+    "prepare_dataset.py": _CUDA_DATA + " (with NumPy data it passes)",
+    "test_multi_dense_emb_demo_model_mpi.py": "an MPI job: reads OMPI_COMM_WORLD_SIZE / _RANK (set by mpiexec, not by "
+                                              "the launcher) and barriers through mpi4py; and prepare_dataset.py's data",
+    "test_multi_dense_emb_demo_model_mpi_use_tf_set_device.py": "an MPI job (as test_multi_dense_emb_demo_model_mpi.py); "
+                                                                "then it indexes the list of GPUs",
+    "test_multi_dense_emb_demo_model_hvd.py": "no data: prepare_dataset.py's data_<rank>.file (made with CUDA)",
+    "test_multi_dense_emb_demo_model_hvd_use_tf_set_device.py": "GPU only: tf.config.set_visible_devices("
+                                                                "gpus[hvd.local_rank()], 'GPU') indexes the list of "
+                                                                "GPUs (IndexError without one)",
+}
+
+
+def expected_unit(case) -> str:
+    """Why this unit test fails here: UNIT_EXPECTED, then what fails next with NumPy data."""
+    script = Path(case.script).name
+    why = UNIT_EXPECTED.get(script)
+    if why is None:
+        return ""
+    args = set(case.args)
+    nxt = ""
+    if script.startswith(("test_sparse_emb", "test_dense_emb")):
+        if "--restore_params=1" in args:
+            nxt = "the table files a save run writes (those runs fail)"
+        elif "--optimizer=plugin_adam" in args:
+            nxt = "sok.optimizers.Adam, SOK's compiled GPU Adam (not provided)"
+        elif "--functional_api=1" in args:
+            nxt = "tf.keras.Input(type_spec=...) (Keras 2 only)"
+        elif "--mixed_precision=1" in args:
+            nxt = _MIXED
+        else:
+            nxt = "embedding_variable.values[0].m_var_name (SOK's per-GPU variable and its file name; not provided)"
+    elif script == "test_multi_dense_emb_demo_model_hvd.py":
+        nxt = (_MIXED if "--mixed_precision=1" in args else "dense_opt.variables() (Keras 2: a Keras 3 optimizer's "
+                                                     "variables is a list)")
+    return why + (f"; next, with NumPy data: {nxt}" if nxt else "")
 
 
 @dataclasses.dataclass
@@ -441,15 +508,24 @@ def main(argv=None):
             run_case(c, a.workers, a.timeout, a.python, logs, i, Path(unit_dir) if c.suite == "unit" else None)
             print(f"{c.result} ({c.seconds:.0f} s){' ' + c.reason if c.reason else ''}", flush=True)
 
-    print("\n| test | tags | run | result | reason |\n|---|---|---|---|---|")
+    print("\n| test | tags | run | result | reason | expected here |\n|---|---|---|---|---|---|")
+    unexpected = []
     for c in cases:
         how = "python" if c.workers == 0 else f"-n {a.workers if c.workers is None else c.workers}"
-        print(f"| {c.label} | {_span(c.tags, order)} | {how} | {c.result} | {c.reason.replace('|', '/')} |")
+        expect = expected_unit(c) if c.suite == "unit" else ""
+        if expect and c.result != "FAIL":
+            unexpected.append(c)
+        print(f"| {c.label} | {_span(c.tags, order)} | {how} | {c.result} | {c.reason.replace('|', '/')} | "
+              f"{('FAIL: ' + expect) if expect else ''} |")
     counts = {r: sum(c.result == r for c in cases) for r in ("PASS", "FAIL", "TIMEOUT")}
     print(f"\n{counts['PASS']} passed, {counts['FAIL']} failed, {counts['TIMEOUT']} timed out, of {len(cases)}")
+    if unexpected:
+        print(f"{len(unexpected)} unit test(s) expected to fail did not (UNIT_EXPECTED is out of date): "
+              + ", ".join(c.label for c in unexpected))
     if a.json:
         Path(a.json).write_text(json.dumps([{"suite": c.suite, "test": c.name, "args": c.args, "tags": c.tags,
-                                             "run": _how(c, a.workers), "note": c.note, "result": c.result, "reason": c.reason, "seconds": round(c.seconds, 1),
+                                             "run": _how(c, a.workers), "note": c.note, "result": c.result, "reason": c.reason,
+                                             "expected": expected_unit(c) if c.suite == "unit" else "", "seconds": round(c.seconds, 1),
                                              "edits": c.edits} for c in cases], indent=1))
     return 0 if counts["PASS"] == len(cases) else 1
 
