@@ -5,17 +5,6 @@ import numpy as np
 import pytest
 
 import reference as ref
-from embedlab import _native
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
-
-
-@pytest.fixture(scope="module")
-def core():
-    return _native.core()
 
 
 def _problem(rng, n):

@@ -9,26 +9,16 @@ the CPU's results, so the checks cannot pass by refusing everything.
 Skipped, with the reason, when the module was built without CUDA, when neither PyTorch nor CuPy
 is importable, or when no GPU is visible.
 """
-import os
-import time
 
 import numpy as np
 import pytest
 
 from gpu_arrays import core_and_device
 
-core, DEV, _SKIP = core_and_device("cuda_device_count")
-pytestmark = pytest.mark.skipif(DEV is None, reason=_SKIP or "no GPU")
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
+core, DEV, _ = core_and_device("cuda_device_count")
+pytestmark = pytest.mark.needs_gpu("cuda_device_count")
 GUARD = 4096  # elements of poison after each output
 POISON = {np.float32: 12345.0, np.int64: 0x5A5A5A5A, np.uint8: 0xA5}
-
-
-@pytest.fixture
-def rng(request):
-    seed = (SEED + sum(map(ord, request.node.name))) % 2**31
-    print(f"seed={seed}")  # replay a failing draw with EMBEDLAB_TEST_SEED
-    return np.random.default_rng(seed)
 
 
 class Guarded:

@@ -10,8 +10,6 @@ Skipped, with the reason, when the module was built without CUDA, when neither P
 CuPy is importable, or when no GPU is visible. Arrays are moved with PyTorch when present
 (else CuPy); the caller's current stream is passed to every kernel.
 """
-import os
-import time
 
 import numpy as np
 import pytest
@@ -20,18 +18,10 @@ import reference as ref
 from gpu_arrays import core_and_device
 
 
-core, DEV, _SKIP = core_and_device("cuda_device_count")
-pytestmark = pytest.mark.skipif(DEV is None, reason=_SKIP or "no GPU")
+core, DEV, _ = core_and_device("cuda_device_count")
+pytestmark = pytest.mark.needs_gpu("cuda_device_count")
 
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
 SEGMENT = 32  # kCudaSegment in embedding.h
-
-
-@pytest.fixture
-def rng(request):
-    seed = (SEED + sum(map(ord, request.node.name))) % 2**31
-    print(f"seed={seed}")  # replay a failing draw with EMBEDLAB_TEST_SEED
-    return np.random.default_rng(seed)
 
 
 # ---- inputs and float64 oracles ----------------------------------------------------------------

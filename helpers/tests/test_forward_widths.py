@@ -10,19 +10,8 @@ import numpy as np
 import pytest
 
 import reference as ref
-from embedlab import _native
 
 WIDTHS = (1, 4, 8, 12, 16, 24, 32, 40, 64, 96, 128, 136, 256)
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
-
-
-@pytest.fixture(scope="module")
-def core():
-    return _native.core()
 
 
 def sequential_f32(table, offsets, keys, weights, combiner):

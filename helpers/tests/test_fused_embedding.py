@@ -5,14 +5,8 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-import reference as ref  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 from embedlab.models import FusedEmbedding  # noqa: E402
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
 
 
 def _oracle(table, ids, combiner):

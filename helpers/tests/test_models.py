@@ -7,15 +7,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-import reference as ref  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 from embedlab import plugin  # noqa: E402
 from embedlab.models import DeepFM, NativeSlotEmbedding, criteo_inputs, load_criteo_parquet  # noqa: E402
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
 
 
 @pytest.fixture(autouse=True)

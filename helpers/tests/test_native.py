@@ -15,16 +15,6 @@ import pytest
 import reference as ref
 from embedlab import _native
 
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)  # printed seed; replay with EMBEDLAB_TEST_SEED
-
-
-@pytest.fixture(scope="module")
-def core():
-    return _native.core()
-
-
 def random_csr(rng, batch, rows, max_nnz=5, zipf=False):
     return ref.random_csr(rng, batch, rows, max_nnz=max_nnz, zipf=zipf, zipf_a=1.3)
 
