@@ -132,3 +132,28 @@ def test_interleaved_ms_times_every_case_in_turn():
     assert list(t) == ["slow", "fast"] and t["slow"] > t["fast"] >= 0
     with pytest.raises(ValueError, match="repeats"):
         timing.interleaved_ms({"a": lambda: None}, repeats=0)
+
+
+def test_data_public_names_keep_their_old_paths():
+    """embedlab.data.criteo and .formats are packages now; every public name of the former
+    modules, and the module path embedlab.data.criteo_dask, still import."""
+    import embedlab._io
+    import embedlab.data.criteo_dask as criteo_dask_by_path
+    from embedlab.data import ParquetLoader, criteo, criteo_dask, formats, memory  # noqa: F401
+    from embedlab.data.criteo import etl_dask
+    assert criteo_dask is criteo_dask_by_path is etl_dask
+    for name in ["NUM_INT", "NUM_CAT", "NUM_FIELDS", "LABEL", "INT_COLUMNS", "CAT_COLUMNS",
+                 "CROSSES", "MISSING_HEX", "KAGGLE_SPLIT", "SPLIT_NAMES", "KAGGLE_CARDINALITIES",
+                 "generate", "Block", "CriteoFormatError", "read_chunks", "count_lines",
+                 "split_counts", "split", "PreprocessResult", "preprocess", "load_slot_sizes"]:
+        assert getattr(criteo, name) is not None, name
+    for name in ["preprocess", "local_client", "resolve_client", "worker_peak_rss",
+                 "output_digest", "ChunkFailedError", "SCHEDULER_ENV"]:
+        assert getattr(criteo_dask, name) is not None, name
+    for name in formats.__all__:
+        assert getattr(formats, name) is not None, name
+    assert formats.FormatError is embedlab._io.FormatError
+    assert formats.read_file_list is embedlab._io.read_file_list
+    from embedlab.data.formats import NormData, _read_header, read_norm  # noqa: F401
+    assert criteo.generate.__module__ == "embedlab.data.criteo.synth"
+    assert formats.read_norm.__module__ == "embedlab.data.formats.norm"

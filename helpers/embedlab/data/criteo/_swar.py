@@ -1,9 +1,10 @@
 """Vectorized text <-> number conversions on 8-byte words ("SIMD within a register").
 
 Criteo fields are short ASCII numbers: 8 hex digits, or a few decimal digits. Rather than one
-NumPy pass per character, each helper loads a field as one little-endian uint64 (8 bytes, the
-first character in the lowest byte) and converts all 8 characters with a handful of word-wide
-integer operations over the whole column. All arithmetic wraps mod 2**64, as NumPy's uint64
+NumPy pass per character, each helper treats 8 characters as one little-endian uint64 (the
+first character in the lowest byte) and converts them with a handful of word-wide integer
+operations over the whole column: hex fields both ways (the parser and the generator), decimal
+digits one way (the generator). All arithmetic wraps mod 2**64, as NumPy's uint64
 does silently.
 """
 from __future__ import annotations
@@ -50,47 +51,6 @@ def hex_decode(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     t2 = w & _c(0x6060606060606060)
     ok &= ((t2 | (t2 << _c(1))) & _c(0x4040404040404040)) == _c(0x4040404040404040)
     return v, ok
-
-
-def _keep_top(k: np.ndarray) -> np.ndarray:
-    """Masks keeping the top k bytes (highest addresses) of a word, k in 0..8."""
-    k = k.astype(np.uint64)
-    drop = (_c(8) - k) * _c(8)
-    m = np.where(k == 0, _c(0), ~_c(0) << np.minimum(drop, _c(63)))
-    return m
-
-
-def digits_valid(x: np.ndarray) -> np.ndarray:
-    """True where all 8 bytes of each word are '0'..'9'."""
-    return (((x + _c(0x4646464646464646)) | (x - _ZEROS)) & _c(0x8080808080808080)) == 0
-
-
-def parse8(x: np.ndarray) -> np.ndarray:
-    """Words of 8 decimal characters (first = most significant) -> their values (uint64)."""
-    x = x - _ZEROS
-    x = ((x & _c(0x0F000F000F000F00)) >> _c(8)) + (x & _c(0x000F000F000F000F)) * _c(10)
-    x = ((x & _c(0x00FF000000FF0000)) >> _c(16)) + (x & _c(0x000000FF000000FF)) * _c(100)
-    return ((x & _c(0x0000FFFF00000000)) >> _c(32)) + (x & _c(0xFFFF)) * _c(10000)
-
-
-def parse_decimal(padded: np.ndarray, start: np.ndarray, length: np.ndarray):
-    """Optional '-' then up to 16 digits at padded[start:start+length] -> (int64, valid).
-
-    `padded` must have at least 16 bytes before the first field and 8 after the last. Empty
-    fields come back as (0, True); the caller treats them as missing.
-    """
-    neg = (length > 0) & (padded[start] == 45)
-    nd = length - neg
-    end = start + length
-    lo_k = np.clip(nd, 0, 8)
-    hi_k = np.clip(nd - 8, 0, 8)
-    lo_m = _keep_top(lo_k)
-    hi_m = _keep_top(hi_k)
-    lo = (load_u64(padded, end - 8) & lo_m) | (_ZEROS & ~lo_m)
-    hi = (load_u64(padded, end - 16) & hi_m) | (_ZEROS & ~hi_m)
-    ok = digits_valid(lo) & digits_valid(hi) & (nd <= 16) & ~(neg & (nd == 0))
-    val = (parse8(hi) * _c(100_000_000) + parse8(lo)).astype(np.int64)
-    return np.where(neg, -val, val), ok
 
 
 def encode8(x: np.ndarray) -> np.ndarray:

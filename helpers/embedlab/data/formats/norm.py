@@ -1,13 +1,6 @@
-"""File formats for Criteo-style data: parquet, HugeCTR "Norm" binary (+ file lists, keysets), TFRecord.
+"""HugeCTR's "Norm" binary data files, with their file lists and keysets.
 
-Every writer builds its output under a temporary name and renames it into place, so a crash
-never leaves a half-written file. Every reader checks what it can (headers, record lengths,
-checksums, counts) and raises `FormatError` naming the file and the record.
-
-Columns follow `preprocess`: `label` (float32), `I1..I13` (float32), `C1..C26` and crosses
-(int64, or list<int64> for multi-hot slots).
-
-HugeCTR Norm layout (little-endian, byte-compatible with HugeCTR's `DataReader`):
+Layout (little-endian, byte-compatible with HugeCTR's `DataReader`):
 
     header   8 x int64 {error_check, number_of_records, label_dim, dense_dim, slot_num, 0, 0, 0}
     record   label_dim x float32, dense_dim x float32, then per slot: int32 nnz, nnz x key
@@ -16,6 +9,9 @@ HugeCTR Norm layout (little-endian, byte-compatible with HugeCTR's `DataReader`)
 With error_check=1 every record, the header included, is framed as `int32 length` (bytes of
 the record), the record bytes, then one checksum byte: the record's bytes summed as signed chars,
 wrapping (what HugeCTR's `CheckSum` reader verifies).
+
+A file list (`write_file_list` / `read_file_list`, from `embedlab._io`) names the data files of
+one training pass; a keyset holds the unique keys those files touch (model oversubscription).
 
 Example:
     >>> from embedlab.data import formats                                   # doctest: +SKIP
@@ -33,135 +29,13 @@ from typing import Sequence
 
 import numpy as np
 
-from ._atomic import atomic_dir, atomic_file
-from .criteo import INT_COLUMNS, LABEL
-
-__all__ = [
-    "FormatError", "parquet_files", "write_parquet", "read_parquet", "schema_columns",
-    "write_norm", "read_norm", "NormData", "write_file_list", "read_file_list",
-    "write_keyset", "read_keyset", "parquet_to_norm",
-    "write_tfrecord", "read_tfrecord", "parquet_to_tfrecord", "tfrecord_dataset",
-]
+from ..._io import FormatError, atomic_dir, atomic_file, write_file_list
+from ..criteo.layout import LABEL
+from .parquet import parquet_files, schema_columns
 
 _KEY_DTYPES = {"uint32": np.dtype("<u4"), "int64": np.dtype("<i8")}
 _HEADER = struct.Struct("<8q")
 
-
-class FormatError(ValueError):
-    """A corrupt, truncated or inconsistent data file; the message names file and record."""
-
-
-# --------------------------------------------------------------------------------------
-# Parquet
-# --------------------------------------------------------------------------------------
-
-def parquet_files(src) -> list[Path]:
-    """Parquet files named by `src`: a file, a folder (its `*.parquet`, sorted, recursively) or a list.
-
-    Example:
-        >>> parquet_files("criteo_parquet/train")                          # doctest: +SKIP
-        [PosixPath('criteo_parquet/train/part_00000.parquet')]
-    """
-    if isinstance(src, (str, Path)):
-        p = Path(src)
-        if p.is_dir():
-            files = sorted(p.rglob("*.parquet"))
-            if not files:
-                raise FileNotFoundError(f"no .parquet files under {p}")
-            return files
-        if not p.is_file():
-            raise FileNotFoundError(f"parquet input {p} does not exist")
-        return [p]
-    files = []
-    for s in src:
-        files.extend(parquet_files(s))
-    if not files:
-        raise FileNotFoundError("empty list of parquet inputs")
-    return files
-
-
-def schema_columns(schema) -> dict:
-    """Split a parquet/arrow schema into {"label", "dense", "sparse", "ragged"} column names.
-
-    Label is `label`; dense columns are float columns other than the label; sparse columns are
-    integer columns; ragged columns are list<int> columns (multi-hot slots).
-    """
-    import pyarrow as pa
-    out = {"label": None, "dense": [], "sparse": [], "ragged": []}
-    for f in schema:
-        if f.name == LABEL:
-            out["label"] = f.name
-        elif pa.types.is_floating(f.type):
-            out["dense"].append(f.name)
-        elif pa.types.is_integer(f.type):
-            out["sparse"].append(f.name)
-        elif pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
-            out["ragged"].append(f.name)
-    return out
-
-
-def write_parquet(path, columns, *, row_group_rows: int = 65_536) -> Path:
-    """Write columns to one parquet file, atomically.
-
-    Args:
-        path: output file.
-        columns: a `pyarrow.Table` or a dict name -> 1-D array (a list of arrays, or a
-            (row_splits, values) pair, makes a list<int64> column).
-        row_group_rows: rows per row group.
-
-    Returns:
-        The output `Path`.
-
-    Example:
-        >>> write_parquet("x.parquet", {"label": np.zeros(4, np.float32)})  # doctest: +SKIP
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    if isinstance(columns, pa.Table):
-        table = columns
-    else:
-        arrays = {}
-        for name, col in columns.items():
-            if isinstance(col, tuple) and len(col) == 2:
-                splits, values = (np.asarray(c) for c in col)
-                arrays[name] = pa.ListArray.from_arrays(splits.astype(np.int32),
-                                                        values.astype(np.int64))
-            else:
-                arrays[name] = pa.array(np.asarray(col))
-        table = pa.table(arrays)
-    with atomic_file(path) as tmp:
-        pq.write_table(table, tmp, row_group_size=row_group_rows, compression="snappy")
-    return Path(path)
-
-
-def read_parquet(src, columns: Sequence[str] | None = None) -> dict:
-    """Read parquet file(s) into a dict of NumPy arrays (list columns as (row_splits, values)).
-
-    Example:
-        >>> read_parquet("criteo_parquet/val")["label"][:3]                # doctest: +SKIP
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    tables = []
-    for f in parquet_files(src):
-        try:
-            tables.append(pq.read_table(f, columns=columns))
-        except (pa.ArrowInvalid, OSError) as e:
-            raise FormatError(f"{f}: not a readable parquet file: {e}") from e
-    table = pa.concat_tables(tables)
-    out = {}
-    for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            out[name] = (np.asarray(col.offsets), np.asarray(col.flatten()))
-        else:
-            out[name] = col.to_numpy(zero_copy_only=False)
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# HugeCTR Norm
-# --------------------------------------------------------------------------------------
 
 def _as_slot(slot, n, i):
     """A slot given as 1-D keys (one per row) or (row_splits, values) -> (row_splits, values)."""
@@ -436,35 +310,6 @@ def _read_norm_walk(path, raw, check, n, label_dim, dense_dim, slot_num, pos, kd
     return NormData(lab, den, slots, check)
 
 
-def write_file_list(path, files: Sequence) -> Path:
-    """Write a HugeCTR file list: the number of files, then one path per line (atomic).
-
-    Example:
-        >>> write_file_list("file_list.txt", ["a.data", "b.data"])          # doctest: +SKIP
-    """
-    files = [str(f) for f in files]
-    with atomic_file(path) as tmp:
-        Path(tmp).write_text(f"{len(files)}\n" + "".join(f + "\n" for f in files))
-    return Path(path)
-
-
-def read_file_list(path, *, check_exists: bool = True) -> list[Path]:
-    """Read a HugeCTR file list; checks the count line and (optionally) that files exist."""
-    path = Path(path)
-    lines = [l.strip() for l in path.read_text().splitlines() if l.strip()]
-    if not lines or not lines[0].isdigit():
-        raise FormatError(f"{path}: first line must be the number of files, got "
-                          f"{lines[0] if lines else '(empty file)'!r}")
-    count, files = int(lines[0]), [Path(l) for l in lines[1:]]
-    if count != len(files):
-        raise FormatError(f"{path}: says {count} files but lists {len(files)}")
-    if check_exists:
-        for i, f in enumerate(files):
-            if not f.is_file():
-                raise FormatError(f"{path}: line {i + 2}: {f} does not exist")
-    return files
-
-
 def write_keyset(path, keys, *, key_type: str = "uint32") -> Path:
     """Write a keyset file: the unique keys, raw little-endian `key_type`, sorted (atomic)."""
     kdt = _KEY_DTYPES[key_type]
@@ -518,7 +363,7 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from ._progress import tqdm
+    from .._progress import tqdm
     files = parquet_files(src)
     cols = schema_columns(pq.read_schema(files[0]))
     slots = ([list(c) if isinstance(c, (list, tuple)) else c for c in slots] if slots is not None
@@ -607,189 +452,3 @@ def _merge_slot(parts, n):
         out[pos] = v
     return splits, out
 
-
-# --------------------------------------------------------------------------------------
-# TFRecord
-# --------------------------------------------------------------------------------------
-
-_TFRECORD_CHUNK = 1 << 16     # rows write_tfrecord turns into Python values at a time (bounded memory)
-
-
-def write_tfrecord(path, columns: dict) -> Path:
-    """Write columns as `tf.train.Example` records (one per row), atomically.
-
-    Float columns become `float_list`, integer columns `int64_list`, (row_splits, values)
-    pairs variable-length `int64_list`. Rows are turned into Python values a chunk at a time,
-    so memory beyond the columns themselves does not grow with the row count. This builds one
-    protobuf per row in Python (about 20-40 us/row): fine for conversion, and exactly the cost
-    the TFRecord path pays again at read time in `parse_example`.
-
-    Args:
-        path: output `.tfrecord` file.
-        columns: dict name -> 1-D array, or (row_splits, values) for multi-hot columns.
-
-    Returns:
-        The output `Path`.
-
-    Example:
-        >>> write_tfrecord("x.tfrecord", read_parquet("criteo_parquet/val"))  # doctest: +SKIP
-    """
-    import tensorflow as tf
-    names = list(columns)
-    kinds, cols = [], []
-    n = None
-    for name in names:
-        col = columns[name]
-        if isinstance(col, tuple):
-            col = (np.asarray(col[0]), np.asarray(col[1]).astype(np.int64))
-            kinds.append("int")
-            rows = len(col[0]) - 1
-        else:
-            col = np.asarray(col)
-            kinds.append("float" if col.dtype.kind == "f" else "int")
-            rows = len(col)
-        if n is None:
-            n = rows
-        elif rows != n:
-            raise ValueError(f"write_tfrecord: column {name} has {rows} rows, expected {n}")
-        cols.append(col)
-    Feature, FL, IL = tf.train.Feature, tf.train.FloatList, tf.train.Int64List
-    chunk = _TFRECORD_CHUNK
-    with atomic_file(path) as tmp:
-        with tf.io.TFRecordWriter(str(tmp)) as w:
-            for a in range(0, n or 0, chunk):
-                b = min(a + chunk, n)
-                lists = []
-                for col in cols:
-                    if isinstance(col, tuple):
-                        splits, values = col[0][a:b + 1], col[1]
-                        vals = values[splits[0]:splits[-1]].tolist()
-                        off = (splits - splits[0]).tolist()
-                        lists.append([vals[off[i]:off[i + 1]] for i in range(b - a)])
-                    else:
-                        lists.append([(v,) for v in col[a:b].tolist()])
-                for r in range(b - a):
-                    feats = {name: (Feature(float_list=FL(value=lst[r])) if k == "float"
-                                    else Feature(int64_list=IL(value=lst[r])))
-                             for name, k, lst in zip(names, kinds, lists)}
-                    w.write(tf.train.Example(features=tf.train.Features(feature=feats))
-                            .SerializeToString())
-    return Path(path)
-
-
-def parquet_to_tfrecord(src, path) -> Path:
-    """Convert parquet file(s) to one TFRecord file of `tf.train.Example` (see `write_tfrecord`)."""
-    return write_tfrecord(path, read_parquet(src))
-
-
-def _feature_spec(names_kinds):
-    import tensorflow as tf
-    spec = {}
-    for name, kind in names_kinds:
-        if kind == "float":
-            spec[name] = tf.io.FixedLenFeature([], tf.float32)
-        elif kind == "int":
-            spec[name] = tf.io.FixedLenFeature([], tf.int64)
-        else:
-            spec[name] = tf.io.RaggedFeature(tf.int64)
-    return spec
-
-
-def _kinds_from_parquet(src):
-    import pyarrow.parquet as pq
-    cols = schema_columns(pq.read_schema(parquet_files(src)[0]))
-    return ([(LABEL, "float")] + [(c, "float") for c in cols["dense"]]
-            + [(c, "int") for c in cols["sparse"]] + [(c, "ragged") for c in cols["ragged"]])
-
-
-def tfrecord_dataset(files, batch_size: int, *, columns=None, dense_key: str | None = "dense",
-                     shuffle_buffer: int = 0, seed: int | None = None,
-                     drop_remainder: bool = False):
-    """The standard `tf.data` pipeline over TFRecord: batch, then `parse_example`, prefetch.
-
-    This is the baseline a TensorFlow user would write (vectorized parsing, parallel map,
-    autotuned prefetch); EmbedLab's benchmarks compare `ParquetLoader` with it.
-
-    Args:
-        files: TFRecord path(s).
-        batch_size: rows per batch.
-        columns: list of (name, kind) with kind "float" | "int" | "ragged"; default: Criteo
-            (label, I1..I13 float, C1..C26 int).
-        dense_key: stack the float feature columns into one [batch, n] tensor under this key
-            (as `ParquetLoader` does); None keeps them separate.
-        shuffle_buffer: rows in a per-record shuffle buffer (0 = no shuffle).
-        seed: shuffle seed. drop_remainder: drop the last partial batch.
-
-    Returns:
-        A `tf.data.Dataset` of (features dict, label [batch, 1]).
-    """
-    import tensorflow as tf
-    if columns is None:
-        from .criteo import CAT_COLUMNS
-        columns = ([(LABEL, "float")] + [(c, "float") for c in INT_COLUMNS]
-                   + [(c, "int") for c in CAT_COLUMNS])
-    spec = _feature_spec(columns)
-    dense_cols = [n for n, k in columns if k == "float" and n != LABEL]
-    files = [str(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
-    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE if len(files) > 1
-                                 else None)
-    if shuffle_buffer:
-        ds = ds.shuffle(shuffle_buffer, seed=seed)
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
-
-    @tf.autograph.experimental.do_not_convert      # plain graph code; skips autograph's warning
-    def parse(x):
-        f = tf.io.parse_example(x, spec)
-        label = tf.reshape(f.pop(LABEL), [-1, 1])
-        if dense_key:
-            f[dense_key] = tf.stack([f.pop(c) for c in dense_cols], axis=1)
-        return f, label
-
-    return ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
-
-def read_tfrecord(path, columns=None) -> dict:
-    """Read a whole TFRecord file of Examples into NumPy columns, verifying every record.
-
-    TensorFlow checks each record's length and data CRCs; a failure is re-raised as
-    `FormatError` naming the file and the record index.
-
-    Args:
-        path: the file. columns: (name, kind) list as in `tfrecord_dataset` (default Criteo).
-
-    Returns:
-        dict name -> array ((row_splits, values) for ragged columns).
-    """
-    import tensorflow as tf
-    if columns is None:
-        from .criteo import CAT_COLUMNS
-        columns = ([(LABEL, "float")] + [(c, "float") for c in INT_COLUMNS]
-                   + [(c, "int") for c in CAT_COLUMNS])
-    spec = _feature_spec(columns)
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"TFRecord file {path} does not exist")
-    records = []
-    it = iter(tf.data.TFRecordDataset(str(path)))
-    while True:
-        try:
-            records.append(next(it))
-        except StopIteration:
-            break
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
-            raise FormatError(f"{path}: record {len(records)} is corrupt or truncated: "
-                              f"{e.message}") from None
-    if not records:
-        return {name: (np.zeros(1, np.int64), np.empty(0, np.int64)) if k == "ragged"
-                else np.empty(0, np.float32 if k == "float" else np.int64)
-                for name, k in columns}
-    try:
-        parsed = tf.io.parse_example(tf.stack(records), spec)
-    except tf.errors.InvalidArgumentError as e:
-        raise FormatError(f"{path}: records do not match the expected columns: {e.message}") \
-            from None
-    out = {}
-    for name, k in columns:
-        t = parsed[name]
-        out[name] = ((t.row_splits.numpy(), t.values.numpy()) if k == "ragged" else t.numpy())
-    return out
