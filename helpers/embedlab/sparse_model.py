@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data._atomic import atomic_dir
+from ._io import atomic_dir
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import config as _config
-from ..data._atomic import atomic_file
+from .._io import atomic_dir, atomic_file
 from ..sparse_model import write_sparse_model
 
 log = logging.getLogger("embedlab.hps")
@@ -251,19 +250,8 @@ def save_dense_savedmodels(dense, args: DemoArgs, dense_path, reshape_path) -> N
 
     for cls, path in ((Dense, dense_path), (Reshape, reshape_path)):
         m = cls(dense)
-        _save_atomic(m, path, m.serve)
-
-
-def _save_atomic(module, path, serve) -> None:
-    import shutil
-    tf = _tf()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(module, str(tmp), signatures={"serving_default": serve})
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+        with atomic_dir(path) as tmp:
+            tf.saved_model.save(m, str(tmp), signatures={"serving_default": m.serve})
 
 
 def export_onnx(dense, args: DemoArgs, path, opset: int = 13) -> dict:
@@ -362,7 +350,8 @@ def build_inference_model(ps_config_file, dense, args: DemoArgs, path=None, mode
     """The inference model: ``hps.LookupLayer`` + the dense part; saved as a SavedModel when ``path`` is given."""
     m = _inference_module(ps_config_file, dense, args, model_name)
     if path is not None:
-        _save_atomic(m, path, m.serve)
+        with atomic_dir(path) as tmp:
+            _tf().saved_model.save(m, str(tmp), signatures={"serving_default": m.serve})
     return m
 
 

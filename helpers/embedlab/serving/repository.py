@@ -195,7 +195,7 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
     Example:
         >>> repo = write_model_repository(DATA_DIR / "hps_triton", DATA_DIR / "hps_triton" / "repository")  # doctest: +SKIP
     """
-    from embedlab.data._atomic import atomic_dir
+    from embedlab._io import atomic_dir
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     if ps_config_file is not None:
         ps = Path(ps_config_file).resolve()
@@ -255,7 +255,7 @@ def write_identity_repository(repository, *, keys_per_sample: int, max_batch_siz
     HTTP/gRPC front end, the ensemble scheduler and two python-backend hops with no work, the
     ceiling any model served this way is measured against.
     """
-    from embedlab.data._atomic import atomic_dir
+    from embedlab._io import atomic_dir
     k = int(keys_per_sample)
     repository = Path(repository)
     with atomic_dir(repository) as tmp:
@@ -287,7 +287,7 @@ def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
         volatile_db, persistent_db: replace those sections when given.
         model_fields: fields set on the served model's entry (`gpucacheper`, ...).
     """
-    from embedlab.data._atomic import atomic_file
+    from embedlab._io import atomic_file
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     cfg = json.loads(Path(m.ps_config_file).read_text())
     if volatile_db is not None:

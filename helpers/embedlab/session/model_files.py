@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data._atomic import atomic_file
+from .._io import atomic_file
 
 __all__ = ["write_dense", "read_dense", "DenseModelError"]
 

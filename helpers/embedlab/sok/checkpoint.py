@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from ..data._atomic import atomic_dir
+from .._io import atomic_dir
 from . import _context, exchange
 from .variable import is_sok_variable
 

@@ -249,7 +249,7 @@ class Saver:
 
     def dump_to_file(self, embedding_variable, filepath):
         from .checkpoint import gather, _barrier_status
-        from ..data._atomic import atomic_file
+        from .._io import atomic_file
         keys, rows = _gather_legacy(embedding_variable)
         name = _file_name(embedding_variable)
         ok, err = True, None
