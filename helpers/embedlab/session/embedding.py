@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
+from .._hashing import GAMMA, mix64
 from .. import ops as el_ops
 from .. import optimizers as el_opt
 from .spec import EmbeddingSpec, OptimizerSpec
@@ -52,19 +53,16 @@ def _hash_table(initial_capacity: int):
     return core.HashTable(max(1024, int(initial_capacity)))
 
 
-_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_COL = np.uint64(0x94D049BB133111EB)      # odd multiplier spreading the column index
 
 
 def init_values(keys, vec: int, seed: int, emb_index: int) -> np.ndarray:
     """Initial rows of `keys`: uniform in [-0.05, 0.05] (HugeCTR's hash-embedding range), a
-    function of (seed, embedding, key, column) only (splitmix64)."""
+    function of (seed, embedding, key, column) only (splitmix64's finalizer)."""
     keys = np.asarray(keys, np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         salt = np.uint64((int(seed) * 0x632BE59BD9B4E019 + (emb_index + 1) * 0x8CB92BA72F3D8DD7) % (1 << 64))
-        z = keys[:, None] * _M1 + (np.arange(vec, dtype=np.uint64)[None, :] + np.uint64(1)) * _M3 + salt
-        z = (z ^ (z >> np.uint64(30))) * _M2
-        z = (z ^ (z >> np.uint64(27))) * _M3
-        z = z ^ (z >> np.uint64(31))
+        z = mix64(keys[:, None] * GAMMA + (np.arange(vec, dtype=np.uint64)[None, :] + np.uint64(1)) * _COL + salt)
     u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
     return ((2.0 * u - 1.0) * 0.05).astype(np.float32)
 
