@@ -307,16 +307,7 @@ class Session:
         return sig
 
     def _loss_of(self, logit, label, batch):
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
-        p = self.spec.loss.params
-        if p.get("regularizer"):
-            ws = self.dense.regularized()
-            lam = p["lambda"]
-            if p["regularizer"] == "L2":
-                loss += lam / (2.0 * batch) * tf.add_n([tf.reduce_sum(tf.square(w)) for w in ws])
-            else:
-                loss += lam / batch * tf.add_n([tf.reduce_sum(tf.abs(w)) for w in ws])
-        return loss
+        return self.dense.loss(logit, label, batch)
 
     def _build_train_fn(self):
         embs, dense, scaler = self.embeddings, self.dense, self.solver.scaler
