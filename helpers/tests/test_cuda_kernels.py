@@ -134,7 +134,7 @@ def test_forward_rejects_bad_keys_and_changes_nothing(rng):
     with pytest.raises(ValueError, match="lookup_forward_cuda: tables\\[0\\] must have dtype float32"):
         core.lookup_forward_cuda([DEV.put(table.astype(np.float64))], [DEV.put(offsets)],
                                  [DEV.put(np.array([1, 2, 3, 4], np.int64))], None, ["sum"], [out])
-    with pytest.raises(ValueError, match="must be a CUDA array"):
+    with pytest.raises(ValueError, match="lookup_forward_cuda: tables\\[0\\] must be a CUDA device array"):
         core.lookup_forward_cuda([table], [DEV.put(offsets)], [DEV.put(np.array([1, 2, 3, 4], np.int64))], None,
                                  ["sum"], [out])
 

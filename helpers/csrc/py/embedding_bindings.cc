@@ -1,27 +1,31 @@
-// _embedlab_core: the csrc/core kernels for callers without TensorFlow (NumPy arrays on the
-// CPU; CuPy / PyTorch arrays on the GPU through cuda_bindings.cc). Thin: validate, translate,
-// call core. Inputs must be C-contiguous with the documented dtypes; nothing is copied.
+// The embedding kernels (csrc/core embedding, sparse_optimizer, csr) over NumPy arrays on the
+// CPU: pooled lookups, their backward, the fused backward + optimizer, the row optimizers and the
+// COO -> CSR conversion. Inputs must be C-contiguous with the documented dtypes (typed nanobind
+// signatures); nothing is copied. The GIL is released around every kernel.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
-#include <nanobind/stl/optional.h>
 
-#include <memory>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "cpu_isa.h"
+#include "common.h"
 #include "embedding.h"
-#include "arrays.h"
+#include "embedding_bindings.h"
 #include "registry.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
+using embedlab_py::combiner_of;
+using embedlab_py::fail;
+using embedlab_py::new_array;
+using embedlab_py::optimizer_of;
+using embedlab_py::pool;
 
 using F2 = nb::ndarray<float, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 using F1 = nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
@@ -29,36 +33,7 @@ using CF2 = nb::ndarray<const float, nb::ndim<2>, nb::c_contig, nb::device::cpu>
 using I1 = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using I2 = nb::ndarray<const int64_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
 
-#ifdef EMBEDLAB_WITH_CUDA
-void register_cuda(nb::module_& m);  // cuda_bindings.cc
-#endif
-
 namespace {
-
-std::mutex g_pool_mu;
-std::unique_ptr<ThreadPool> g_pool;
-int g_pool_threads = 0;
-
-ThreadPool& pool(int num_threads) {
-  std::lock_guard<std::mutex> l(g_pool_mu);
-  if (!g_pool || (num_threads > 0 && num_threads != g_pool_threads)) {
-    g_pool = make_thread_pool(num_threads);
-    g_pool_threads = g_pool->num_threads();
-  }
-  return *g_pool;
-}
-
-[[noreturn]] void fail(const std::string& fn, const std::string& msg) {
-  throw nb::value_error((fn + ": " + msg).c_str());
-}
-
-using embedlab_py::new_array;
-
-Combiner combiner_of(const std::string& fn, const std::string& name) {
-  Combiner c;
-  if (!parse_combiner(name, &c)) fail(fn, "combiner must be 'sum' or 'mean', got '" + name + "'");
-  return c;
-}
 
 CsrIds csr_of(const std::string& fn, size_t t, const I1& offsets, const I1& keys, const F1* weights) {
   CsrIds ids;
@@ -208,9 +183,7 @@ void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const st
                            std::optional<F2> accumulator, std::optional<F2> m, std::optional<F2> v, float epsilon,
                            double beta_1, double beta_2, int64_t step, int num_threads) {
   const char* fn = "lookup_backward_apply";
-  SparseOptimizer opt;
-  std::string err = make_optimizer(optimizer, lr, epsilon, beta_1, beta_2, step, &opt);
-  if (!err.empty()) fail(fn, err);
+  const SparseOptimizer opt = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step);
   LookupGradArgs g = grad_args_of(fn, offsets, keys, weights, combiner, grad_out);
   if (static_cast<int64_t>(table.shape(1)) != g.dim)
     fail(fn, "table has dim " + std::to_string(table.shape(1)) + ", grad_out " + std::to_string(g.dim));
@@ -227,7 +200,7 @@ void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const st
   t.slot1 = opt.kind == OptimizerKind::kAdagrad ? slot(accumulator, "accumulator", true)
                                                  : slot(m, "m", opt.kind == OptimizerKind::kAdam);
   t.slot2 = slot(v, "v", opt.kind == OptimizerKind::kAdam);
-  err = check_ids(g.ids, t.num_rows);  // before anything is written: the table stays as it was
+  const std::string err = check_ids(g.ids, t.num_rows);  // before anything is written: the table stays as it was
   if (!err.empty()) fail(fn, err);
   nb::gil_scoped_release release;
   LookupGradCpu grad;
@@ -251,9 +224,7 @@ void lookup_backward_apply_many(std::vector<F2>& tables, const std::vector<I1>& 
   if (offsets.size() != n || keys.size() != n || combiners.size() != n || grad_outs.size() != n ||
       (weights && weights->size() != n))
     fail(fn, "tables, row_offsets, keys, combiners, grad_outs (and weights) must have the same length");
-  SparseOptimizer opt;
-  std::string err = make_optimizer(optimizer, lr, epsilon, beta_1, beta_2, step, &opt);
-  if (!err.empty()) fail(fn, err);
+  const SparseOptimizer opt = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step);
   auto slots = [&](std::optional<std::vector<F2>>& a, const char* name, bool needed) {
     if (needed && (!a || a->size() != n)) fail(fn, optimizer + " needs " + name + ", one per table");
   };
@@ -273,7 +244,7 @@ void lookup_backward_apply_many(std::vector<F2>& tables, const std::vector<I1>& 
                    std::to_string(g[t].ids.batch));
     if (static_cast<int64_t>(tables[t].shape(1)) != g[t].dim)
       fail(fn, where + "table has dim " + std::to_string(tables[t].shape(1)) + ", grad_out " + std::to_string(g[t].dim));
-    err = check_offsets(g[t].ids);  // before any kernel reads them
+    const std::string err = check_offsets(g[t].ids);  // before any kernel reads them
     if (!err.empty()) fail(fn, where + err);
     SparseUpdateArgs& a = tg[t];
     a.table = tables[t].data();
@@ -319,12 +290,7 @@ void lookup_backward_apply_many(std::vector<F2>& tables, const std::vector<I1>& 
 
 }  // namespace
 
-NB_MODULE(_embedlab_core, m) {
-  m.doc() = "EmbedLab core kernels without TensorFlow (see embedlab._native.core())";
-  // Objects of this module (hash tables, caches) are often still referenced from TensorFlow's or
-  // the Triton stub's own teardown when the interpreter shuts down; nanobind would then print a
-  // "leaked instance/function" report at every exit that says nothing about the program.
-  nb::set_leak_warnings(false);
+EMBEDLAB_PY_BINDINGS(embedding) {
   m.def("lookup_forward", &lookup_forward, nb::arg("tables"), nb::arg("row_offsets"), nb::arg("keys"),
         nb::arg("weights").none(), nb::arg("combiners"), nb::arg("outs"), nb::arg("num_threads") = 0,
         "Fused pooled lookup of several tables into preallocated outs[t] of shape [batch_t, dim_t].");
@@ -395,15 +361,4 @@ NB_MODULE(_embedlab_core, m) {
         return std::make_tuple(off, perm);
       },
       nb::arg("row_index"), nb::arg("batch"));
-  // The CPU kernels' instruction set in this process (chosen here, at import) and those compiled in.
-  m.attr("cpu_isa") = cpu_isa_name(cpu_isa());
-  m.attr("cpu_isas_built") = cpu_isas_built();
-  // The other capabilities' bindings (csrc/py/*_bindings.cc), registered by static initializers.
-  for (auto fn : embedlab_py::registry()) fn(m);
-#ifdef EMBEDLAB_WITH_CUDA
-  m.attr("cuda_built") = true;
-  register_cuda(m);
-#else
-  m.attr("cuda_built") = false;
-#endif
 }

@@ -1,5 +1,6 @@
-// CUDA half of _embedlab_core: the csrc/core CUDA kernels over DLPack arrays (PyTorch, CuPy,
-// JAX...) that live on a CUDA device. Thin, like module.cc: validate, translate, call core.
+// The embedding kernels on the GPU (csrc/core embedding, sparse_optimizer: the _cuda.cu files)
+// over DLPack arrays (PyTorch, CuPy, JAX...) that live on a CUDA device. Compiled only with CUDA.
+// Thin, like every binding (common.h): validate, translate, call core.
 //
 // Streams: every function takes `stream`, the caller's cudaStream_t as an int
 // (torch.cuda.current_stream().cuda_stream, cupy.cuda.get_current_stream().ptr; 0 = the legacy
@@ -27,62 +28,29 @@
 #include <tuple>
 #include <vector>
 
+#include "common.h"
 #include "embedding.h"
+#include "embedding_bindings.h"
+#include "registry.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
 
 namespace {
 
-using Arr = nb::ndarray<>;
+using embedlab_py::Arr;
+using embedlab_py::as_stream;
+using embedlab_py::combiner_of;
+using embedlab_py::cuda_check;
+using embedlab_py::fail;
+using embedlab_py::optimizer_of;
+using embedlab_py::require_gpu;
+using embedlab_py::shape_str;
 
-[[noreturn]] void fail(const char* fn, const std::string& msg) {
-  throw nb::value_error((std::string(fn) + ": " + msg).c_str());
-}
-
-void cuda_check(const char* fn, cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(fn) + ": " + what + " failed: " + cudaGetErrorName(e) + " (" +
-                             cudaGetErrorString(e) + ")");
-}
-
-// A clear error on machines without a usable GPU (the module itself imports fine there).
-void require_gpu(const char* fn) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    throw std::runtime_error(std::string(fn) + ": no CUDA device is visible (" +
-                             (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") +
-                             "); the CUDA functions need an NVIDIA GPU and driver");
-  }
-}
-
-std::string shape_str(const Arr& a) {
-  std::string s = "[";
-  for (size_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
-  return s + "]";
-}
-
-// Checks device, dtype, rank and C-contiguity; returns the device id.
+// Checks device (CUDA), dtype, rank and C-contiguity; returns the device id.
 template <typename T>
 int expect(const char* fn, const std::string& name, const Arr& a, size_t ndim) {
-  if (a.device_type() != nb::device::cuda::value)
-    fail(fn, name + " must be a CUDA array (e.g. a torch.cuda tensor or a CuPy array)");
-  if (a.dtype() != nb::dtype<T>())
-    fail(fn, name + " must have dtype " + (std::is_same_v<T, float>     ? "float32"
-                                           : std::is_same_v<T, int64_t> ? "int64"
-                                                                        : "uint8"));
-  if (a.ndim() != ndim) fail(fn, name + " must have " + std::to_string(ndim) + " dimensions, got shape " + shape_str(a));
-  // An empty array (a table with batch 0, say) has no layout to get wrong; frameworks give
-  // such arrays arbitrary strides, so only non-empty ones are checked.
-  if (a.size() == 0) return a.device_id();
-  int64_t expected = 1;
-  for (size_t i = ndim; i-- > 0;) {
-    if (a.shape(i) > 1 && a.stride(i) != expected) fail(fn, name + " must be C-contiguous");
-    expected *= static_cast<int64_t>(a.shape(i));
-  }
-  return a.device_id();
+  return embedlab_py::expect<T>(fn, name, a, ndim, /*cuda=*/true);
 }
 
 template <typename T>
@@ -136,14 +104,6 @@ class Workspace {
   size_t bytes_ = 0;
   bool owned_ = false;
 };
-
-cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
-
-Combiner combiner_of(const char* fn, const std::string& name) {
-  Combiner c;
-  if (!parse_combiner(name, &c)) fail(fn, "combiner must be 'sum' or 'mean', got '" + name + "'");
-  return c;
-}
 
 std::string idx(const char* name, size_t t) { return std::string(name) + "[" + std::to_string(t) + "]"; }
 
@@ -201,8 +161,8 @@ void lookup_forward(const std::vector<Arr>& tables, const std::vector<Arr>& offs
     a.combiner = combiner_of(fn, combiners[t]);
     dev.add(expect<float>(fn, idx("outs", t), outs[t], 2));
     if (outs[t].shape(0) != static_cast<size_t>(a.ids.batch) || outs[t].shape(1) != static_cast<size_t>(a.dim))
-      fail(fn, idx("outs", t) + " must have shape [" + std::to_string(a.ids.batch) + ", " + std::to_string(a.dim) +
-                   "], got " + shape_str(outs[t]));
+      fail(fn, idx("outs", t) + " must have shape (" + std::to_string(a.ids.batch) + ", " + std::to_string(a.dim) +
+                   "), got " + shape_str(outs[t]));
     a.out = ptr<float>(outs[t]);
   }
   if (n == 0) return;
@@ -257,7 +217,7 @@ void lookup_backward(const Arr& offsets, const Arr& keys, const std::optional<Ar
   if (unique_keys.shape(0) < static_cast<size_t>(g.ids.nnz))
     fail(fn, "unique_keys needs room for every key: at least " + std::to_string(g.ids.nnz) + " entries");
   if (rows.shape(0) < static_cast<size_t>(g.ids.nnz) || rows.shape(1) != static_cast<size_t>(g.dim))
-    fail(fn, "rows must have shape [>= " + std::to_string(g.ids.nnz) + ", " + std::to_string(g.dim) + "], got " +
+    fail(fn, "rows must have shape (>= " + std::to_string(g.ids.nnz) + ", " + std::to_string(g.dim) + "), got " +
                  shape_str(rows));
   if (num_unique.shape(0) < 1) fail(fn, "num_unique must have one entry");
   const cudaStream_t stream = as_stream(stream_i);
@@ -292,14 +252,6 @@ SparseUpdateArgs target_of(const char* fn, DeviceGuard& dev, const Arr& table, c
   return a;
 }
 
-SparseOptimizer optimizer_of(const char* fn, const std::string& name, float lr, float eps, double b1, double b2,
-                             int64_t step) {
-  SparseOptimizer o;
-  const std::string err = make_optimizer(name, lr, eps, b1, b2, step, &o);
-  if (!err.empty()) fail(fn, err);
-  return o;
-}
-
 void run_apply(const char* fn, DeviceGuard& dev, const LookupGradArgs& g, const SparseUpdateArgs& t,
                const SparseOptimizer& o, uintptr_t stream_i, bool check, bool allow_missing,
                const std::optional<Arr>& workspace) {
@@ -324,8 +276,8 @@ LookupGradArgs index_args(const char* fn, DeviceGuard& dev, const Arr& indices, 
   dev.add(expect<int64_t>(fn, "indices", indices, 1));
   dev.add(expect<float>(fn, "grads", grads, 2));
   if (grads.shape(0) != indices.shape(0) || static_cast<int64_t>(grads.shape(1)) != dim)
-    fail(fn, "grads must have shape [len(indices), table dim] = [" + std::to_string(indices.shape(0)) + ", " +
-                 std::to_string(dim) + "], got " + shape_str(grads));
+    fail(fn, "grads must have shape (len(indices), table dim) = (" + std::to_string(indices.shape(0)) + ", " +
+                 std::to_string(dim) + "), got " + shape_str(grads));
   LookupGradArgs g;
   g.ids.row_offsets = nullptr;
   g.ids.keys = ptr<const int64_t>(indices);
@@ -338,7 +290,7 @@ LookupGradArgs index_args(const char* fn, DeviceGuard& dev, const Arr& indices, 
 
 }  // namespace
 
-void register_cuda(nb::module_& m) {
+EMBEDLAB_PY_BINDINGS(embedding_cuda) {
   m.def(
       "cuda_device_count",
       []() {
@@ -394,8 +346,8 @@ void register_cuda(nb::module_& m) {
         dev.add(expect<int64_t>(fn, "rows", rows, 1));
         dev.add(expect<float>(fn, "out", out, 2));
         if (out.shape(0) != rows.shape(0) || out.shape(1) != table.shape(1))
-          fail(fn, "out must have shape [" + std::to_string(rows.shape(0)) + ", " + std::to_string(table.shape(1)) +
-                       "], got " + shape_str(out));
+          fail(fn, "out must have shape (" + std::to_string(rows.shape(0)) + ", " + std::to_string(table.shape(1)) +
+                       "), got " + shape_str(out));
         if (rows.shape(0) == 0) return;
         dev.activate();
         cuda_check(fn,

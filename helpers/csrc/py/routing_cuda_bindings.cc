@@ -1,5 +1,5 @@
 // CUDA routing (csrc/core/routing_cuda.cu) over DLPack device arrays (PyTorch, CuPy), checked
-// on the GPU against route_keys (CPU) and a NumPy oracle. Conventions as in cuda_bindings.cc:
+// on the GPU against route_keys (CPU) and a NumPy oracle. Conventions as in embedding_cuda_bindings.cc:
 // `stream` is the caller's cudaStream_t as an int; scratch is a stream-ordered allocation.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -14,32 +14,28 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "registry.h"
 #include "routing.h"
+#include "routing_bindings.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
-
-namespace embedlab_py {
-std::vector<RouteTable> route_tables(const char* fn, const std::vector<int>& modes, const std::vector<int64_t>& rows,
-                                     const std::vector<int>& ranks);
-std::string bad_key_message(const RouteStatus& st, const std::vector<int64_t>& offsets, const RouteTable& t);
-}  // namespace embedlab_py
 
 namespace {
 
 using Arr = nb::ndarray<>;
 using H1 = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-[[noreturn]] void fail(const char* fn, const std::string& msg) {
-  throw nb::value_error((std::string(fn) + ": " + msg).c_str());
-}
+using embedlab_py::fail;
 
 // A C-contiguous int64 CUDA array of `expected_size` elements (any size when expected_size < 0)
 // on `device` (-1: any; the first array fixes it).
 int64_t* dev_i64(const char* fn, const char* name, const Arr& a, int64_t expected_size, int* device) {
-  if (a.device_type() != nb::device::cuda::value) fail(fn, std::string(name) + " must be a CUDA array");
-  if (a.dtype() != nb::dtype<int64_t>()) fail(fn, std::string(name) + " must be int64");
+  if (a.device_type() != nb::device::cuda::value)
+    fail(fn, std::string(name) + " must be a CUDA device array (a torch.cuda tensor or a CuPy array)");
+  if (a.dtype() != nb::dtype<int64_t>())
+    fail(fn, std::string(name) + " must have dtype int64, got " + embedlab_py::dtype_name(a.dtype()));
   if (expected_size >= 0 && a.size() != static_cast<size_t>(expected_size))
     fail(fn, std::string(name) + " has " + std::to_string(a.size()) + " elements, needs " + std::to_string(expected_size));
   if (a.size() > 1) {
@@ -93,8 +89,7 @@ int64_t* status_ptr(const char* fn, const std::optional<Arr>& status, int* devic
 }
 
 void make_current(const char* fn, int device) {
-  const cudaError_t e = cudaSetDevice(device < 0 ? 0 : device);
-  if (e != cudaSuccess) throw std::runtime_error(std::string(fn) + ": cudaSetDevice failed: " + cudaGetErrorString(e));
+  embedlab_py::cuda_check(fn, cudaSetDevice(device < 0 ? 0 : device), "cudaSetDevice");
 }
 
 // Scratch: the caller's uint8 device array (checked first, with the GIL held), or a
