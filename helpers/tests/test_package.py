@@ -134,6 +134,27 @@ def test_interleaved_ms_times_every_case_in_turn():
         timing.interleaved_ms({"a": lambda: None}, repeats=0)
 
 
+def test_tutorial_helpers_keep_their_old_paths():
+    """The notebooks' helpers live in embedlab.tutorials; the names users imported before stay
+    importable where they were, as the same objects, and the product packages do not import the
+    tutorials until such a name is used."""
+    r = subprocess.run([sys.executable, "-c", "import sys, embedlab.models, embedlab.session; "
+                        "print(sorted(m for m in sys.modules if m.startswith('embedlab.tutorials')))"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+    from embedlab import tutorials
+    from embedlab.tutorials import session_lab, training
+    import embedlab.models
+    import embedlab.models.training
+    from embedlab.models import sparse_update_ms, sparse_update_step, train_steps
+    assert embedlab.models.training is training and tutorials.training is training
+    assert (train_steps, sparse_update_step, sparse_update_ms) == (
+        training.train_steps, training.sparse_update_step, training.sparse_update_ms)
+    import embedlab.session.lab
+    from embedlab.session import lab
+    assert lab is session_lab and embedlab.session.lab is session_lab and lab.train_passes is session_lab.train_passes
+
+
 def test_data_public_names_keep_their_old_paths():
     """embedlab.data.criteo and .formats are packages now; every public name of the former
     modules, and the module path embedlab.data.criteo_dask, still import."""

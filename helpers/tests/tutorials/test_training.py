@@ -1,4 +1,4 @@
-"""embedlab.models.training: the optimizer step that notebook 01 times against the table size."""
+"""embedlab.tutorials.training: the optimizer step that notebook 01 times against the table size."""
 from __future__ import annotations
 
 import logging
@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from embedlab import optimizers as eopt
-from embedlab.models import sparse_update_ms, sparse_update_step
-from embedlab.models.training import WARMUP_STEPS
+from embedlab.tutorials.training import WARMUP_STEPS, sparse_update_ms, sparse_update_step
 
 
 @pytest.mark.parametrize("make", [lambda: eopt.Adam(1e-2), lambda: keras.optimizers.Adam(1e-2)], ids=["embedlab", "keras"])
