@@ -13,10 +13,15 @@
 from __future__ import annotations
 
 import importlib
+import sys
 
 from . import criteo
 
 __all__ = ["criteo", "formats", "ParquetLoader"]
+
+# `embedlab.data.criteo_dask` (attribute and importable module path) is `criteo.etl_dask`.
+criteo_dask = criteo.etl_dask
+sys.modules[f"{__name__}.criteo_dask"] = criteo_dask
 
 
 def __getattr__(name):

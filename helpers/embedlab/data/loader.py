@@ -16,9 +16,9 @@ ahead, the batches in flight), whatever the number of files.
 
 Example:
     >>> from embedlab.data import ParquetLoader                             # doctest: +SKIP
-    >>> train = ParquetLoader("criteo_parquet/train", batch_size=4096, seed=0)
-    >>> model.fit(train, epochs=1)                   # a Keras data adapter: no wrapping needed
-    >>> ds = train.to_tf_dataset()                   # or a tf.data.Dataset, to map/zip/prefetch
+    >>> train = ParquetLoader("criteo_parquet/train", batch_size=4096, seed=0)  # doctest: +SKIP
+    >>> model.fit(train, epochs=1)       # a Keras data adapter: no wrapping     # doctest: +SKIP
+    >>> ds = train.to_tf_dataset()       # or a tf.data.Dataset, to map/zip    # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -118,9 +118,15 @@ class ParquetLoader(_Base):
     hand-offs (see helpers/benchmarks/RESULTS.md for measured rates).
 
     Example:
-        >>> ld = ParquetLoader("pq/train", 1024, seed=1, sparse_key=None)      # doctest: +SKIP
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from embedlab.data.formats import write_parquet
+        >>> p = write_parquet(Path(tempfile.mkdtemp()) / "train.parquet", {
+        ...     "label": np.zeros(8, np.float32), "C1": np.arange(8),
+        ...     **{f"I{i}": np.ones(8, np.float32) for i in range(1, 14)}})
+        >>> ld = ParquetLoader(p, 4, seed=1, sparse_key=None)
         >>> feats, y = next(iter(ld)); feats["dense"].shape, feats["C1"].shape, y.shape
-        (TensorShape([1024, 13]), TensorShape([1024]), TensorShape([1024, 1]))
+        (TensorShape([4, 13]), TensorShape([4]), TensorShape([4, 1]))
     """
 
     def __init__(self, src, batch_size: int, *, label: str = LABEL,

@@ -18,10 +18,14 @@ categories).
   `local_client`, `output_digest`, `worker_peak_rss`. Dask is imported only when used.
 
 Example:
-    >>> from embedlab.data import criteo                                  # doctest: +SKIP
-    >>> criteo.generate("day.txt", rows=100_000, seed=1)
-    >>> res = criteo.preprocess("day.txt", "day_parquet")
-    >>> res.slot_size_array[:3]
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from embedlab.data import criteo
+    >>> d = Path(tempfile.mkdtemp())
+    >>> txt = criteo.generate(d / "day.txt", rows=2_000, seed=1, progress=False)
+    >>> res = criteo.preprocess(txt, d / "day_parquet", progress=False)
+    >>> len(res.slot_size_array), res.rows
+    (28, {'train': 1599, 'val': 200, 'test': 201})
 """
 from __future__ import annotations
 

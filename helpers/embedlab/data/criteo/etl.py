@@ -30,7 +30,7 @@ def split_counts(total: int, ratios: Sequence[int] = KAGGLE_SPLIT) -> tuple[int,
 
     Example:
         >>> split_counts(1000)
-        (800, 100, 100)
+        (799, 100, 101)
     """
     if total < 0 or any(r < 0 for r in ratios) or sum(ratios) <= 0:
         raise ValueError(f"split_counts: bad total {total} or ratios {ratios}")
@@ -60,8 +60,12 @@ def split(src, dst_dir, *, counts: Sequence[int] | None = None,
         {name: path} of the written files.
 
     Example:
-        >>> split("train.txt", "splits")                                    # doctest: +SKIP
-        {'train': PosixPath('splits/train.txt'), ...}
+        >>> import tempfile
+        >>> from embedlab.data.criteo import generate
+        >>> d = Path(tempfile.mkdtemp())
+        >>> out = split(generate(d / "day.txt", rows=1000, seed=0, progress=False), d / "splits")
+        >>> {name: len(p.read_text().splitlines()) for name, p in out.items()}
+        {'train': 799, 'val': 100, 'test': 101}
     """
     total = count_lines(src)
     if counts is None:
@@ -297,8 +301,13 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
         A `PreprocessResult`.
 
     Example:
-        >>> res = preprocess("train.txt", "criteo_parquet")                  # doctest: +SKIP
-        >>> res.slot_size_array[:3], res.rows
+        >>> import tempfile
+        >>> from embedlab.data.criteo import generate
+        >>> d = Path(tempfile.mkdtemp())
+        >>> res = preprocess(generate(d / "day.txt", rows=1000, seed=0, progress=False),
+        ...                  d / "criteo_parquet", progress=False)
+        >>> res.rows, res.columns[-2:], [p.name for p in res.files["val"]]
+        ({'train': 799, 'val': 100, 'test': 101}, ['C1_C2', 'C3_C4'], ['part_00000.parquet'])
     """
     import pyarrow as pa
     import pyarrow.parquet as pq

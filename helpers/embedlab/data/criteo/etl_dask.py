@@ -40,8 +40,8 @@ store it is a copy).
 
 Example:
     >>> from embedlab.data import criteo                                  # doctest: +SKIP
-    >>> from embedlab.data.criteo import etl_dask
-    >>> with etl_dask.local_client(n_workers=2) as client:
+    >>> from embedlab.data.criteo import etl_dask                         # doctest: +SKIP
+    >>> with etl_dask.local_client(n_workers=2) as client:                # doctest: +SKIP
     ...     res = criteo.preprocess("day.txt", "day_parquet", client=client)
 """
 from __future__ import annotations
@@ -191,8 +191,8 @@ def output_digest(result) -> dict:
 
     Example:
         >>> a = criteo.preprocess("day.txt", "single")                      # doctest: +SKIP
-        >>> b = criteo.preprocess("day.txt", "on_dask", client="local")
-        >>> assert output_digest(a) == output_digest(b)
+        >>> b = criteo.preprocess("day.txt", "on_dask", client="local")     # doctest: +SKIP
+        >>> assert output_digest(a) == output_digest(b)                     # doctest: +SKIP
     """
     import hashlib
     import pyarrow.parquet as pq

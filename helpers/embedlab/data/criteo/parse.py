@@ -290,8 +290,12 @@ def read_chunks(src, *, chunk_bytes: int = 32 << 20, on_error: str = "fail",
         An iterator of (path, `Block`).
 
     Example:
-        >>> for path, block in read_chunks("day.txt"):                       # doctest: +SKIP
-        ...     print(len(block), block.cats.shape)
+        >>> import tempfile
+        >>> from embedlab.data.criteo import generate
+        >>> p = generate(Path(tempfile.mkdtemp()) / "day.txt", rows=1000, seed=0, progress=False)
+        >>> blocks = [block for _, block in read_chunks(p, chunk_bytes=50_000)]
+        >>> len(blocks) > 1, sum(len(b) for b in blocks), blocks[0].cats.shape[1]
+        (True, 1000, 26)
     """
     if on_error not in ("fail", "skip"):
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")

@@ -188,8 +188,11 @@ def generate(path, rows: int, seed: int = 0, *, progress: bool = True) -> Path:
         The output `Path`.
 
     Example:
-        >>> generate("/tmp/criteo.txt", rows=1000, seed=3)               # doctest: +SKIP
-        PosixPath('/tmp/criteo.txt')
+        >>> import tempfile
+        >>> p = generate(Path(tempfile.mkdtemp()) / "criteo.txt", rows=1000, seed=3, progress=False)
+        >>> lines = p.read_text().splitlines()
+        >>> len(lines), lines[0].count(chr(9))
+        (1000, 39)
     """
     rows = int(rows)
     if rows < 0:

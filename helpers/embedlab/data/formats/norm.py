@@ -14,10 +14,15 @@ A file list (`write_file_list` / `read_file_list`, from `embedlab._io`) names th
 one training pass; a keyset holds the unique keys those files touch (model oversubscription).
 
 Example:
-    >>> from embedlab.data import formats                                   # doctest: +SKIP
-    >>> formats.write_norm("a.data", label, dense, [c1, c2])               # one key per slot
-    >>> d = formats.read_norm("a.data")
-    >>> d.label.shape, d.slots[0][1][:5]
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from embedlab.data import formats
+    >>> p = Path(tempfile.mkdtemp()) / "a.data"
+    >>> slots = [[3, 4], ([0, 2, 3], [7, 8, 9])]         # one key per record; a multi-hot slot
+    >>> _ = formats.write_norm(p, [1.0, 0.0], [[0.5], [0.25]], slots)
+    >>> d = formats.read_norm(p)
+    >>> d.label.shape, d.dense.shape, d.slots[1][0].tolist(), d.slots[1][1].tolist()
+    ((2, 1), (2, 1), [0, 2, 3], [7, 8, 9])
 """
 from __future__ import annotations
 
@@ -96,7 +101,10 @@ def write_norm(path, label, dense, slots, *, error_check: bool = True,
         ValueError: shapes that disagree, or keys that do not fit `key_type`.
 
     Example:
-        >>> write_norm("t.data", [1.0, 0.0], [[0.5], [0.25]], [[3, 4]])   # doctest: +SKIP
+        >>> import tempfile
+        >>> p = write_norm(Path(tempfile.mkdtemp()) / "t.data", [1.0, 0.0], [[0.5], [0.25]], [[3, 4]])
+        >>> p.stat().st_size                  # framed header 69 + 2 framed records of 16 + 5 bytes
+        111
     """
     if key_type not in _KEY_DTYPES:
         raise ValueError(f"write_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
@@ -210,7 +218,11 @@ def read_norm(path, *, key_type: str = "uint32") -> NormData:
         FormatError: naming the file and the record (0-based) and what is wrong.
 
     Example:
-        >>> d = read_norm("part_0.data"); d.dense.shape                       # doctest: +SKIP
+        >>> import tempfile
+        >>> p = write_norm(Path(tempfile.mkdtemp()) / "t.data", [1.0, 0.0], [[0.5], [0.25]], [[3, 4]])
+        >>> d = read_norm(p)
+        >>> d.dense[:, 0].tolist(), d.slots[0][1].tolist(), d.error_check
+        ([0.5, 0.25], [3, 4], True)
     """
     if key_type not in _KEY_DTYPES:
         raise ValueError(f"read_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
@@ -359,7 +371,15 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
         The file-list paths, in order.
 
     Example:
-        >>> parquet_to_norm("criteo_parquet/train", "norm/train", files_per_list=2)  # doctest: +SKIP
+        >>> import tempfile
+        >>> from embedlab.data.formats import write_parquet
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = write_parquet(d / "pq" / "part_0.parquet", {"label": np.zeros(5, np.float32),
+        ...                   "I1": np.ones(5, np.float32), "C1": np.arange(5)})
+        >>> lists = parquet_to_norm(d / "pq", d / "norm", samples_per_file=2, files_per_list=2,
+        ...                         progress=False)
+        >>> [p.name for p in lists], (d / "norm" / "file_list.1.txt").read_text().splitlines()[0]
+        (['file_list.0.txt', 'file_list.1.txt'], '1')
     """
     import pyarrow as pa
     import pyarrow.parquet as pq

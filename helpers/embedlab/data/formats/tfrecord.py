@@ -29,7 +29,11 @@ def write_tfrecord(path, columns: dict) -> Path:
         The output `Path`.
 
     Example:
-        >>> write_tfrecord("x.tfrecord", read_parquet("criteo_parquet/val"))  # doctest: +SKIP
+        >>> import tempfile
+        >>> p = write_tfrecord(Path(tempfile.mkdtemp()) / "x.tfrecord",
+        ...                    {"label": np.array([1.0, 0.0], np.float32), "C1": np.array([3, 4])})
+        >>> read_tfrecord(p, columns=[("label", "float"), ("C1", "int")])["C1"].tolist()
+        [3, 4]
     """
     import tensorflow as tf
     names = list(columns)
@@ -100,8 +104,13 @@ def tfrecord_columns(src) -> list[tuple[str, str]]:
     in the parquet schema's order.
 
     Example:
-        >>> tfrecord_columns("criteo_parquet/train")[:2]                    # doctest: +SKIP
-        [('label', 'float'), ('I1', 'float')]
+        >>> import tempfile
+        >>> from embedlab.data.formats import write_parquet
+        >>> p = write_parquet(Path(tempfile.mkdtemp()) / "x.parquet", {
+        ...     "label": np.zeros(2, np.float32), "I1": np.ones(2, np.float32), "C1": np.arange(2),
+        ...     "tags": ([0, 1, 3], [5, 6, 7])})
+        >>> tfrecord_columns(p)
+        [('label', 'float'), ('I1', 'float'), ('C1', 'int'), ('tags', 'ragged')]
     """
     import pyarrow.parquet as pq
     cols = schema_columns(pq.read_schema(parquet_files(src)[0]))
