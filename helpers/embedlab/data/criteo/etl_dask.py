@@ -563,7 +563,7 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
         nlines = _gather(c, per_chunk("count", _count_task, lambda ch: (ch,)), chunks_of, b,
                          weights)
     phase = {"count": time.perf_counter() - t0}
-    first_in_file, line_offset, file_lines, off = [], [], {}, 0
+    first_in_file, line_offset, file_lines = [], [], {}
     for ch, n in zip(chunks, nlines):
         seen = file_lines.get(ch.file, 0)
         first_in_file.append(seen + 1)
