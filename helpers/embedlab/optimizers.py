@@ -148,6 +148,17 @@ class _SparseMixin:
                     [v for _, v in members], learning_rate)
         return rest
 
+    def slot_variables(self, variable) -> list:
+        """The state this optimizer keeps for `variable` (it must be built for it), as
+        `tf.Variable`s in the order the compiled kernels take them: Adam [m, v], Adagrad
+        [accumulator], SGD []. Writing them (e.g. restoring rows) changes the optimizer's state."""
+        i = self._slot_index(variable)
+        return [s[i].value if isinstance(s[i], keras.Variable) else s[i] for s in self._slot_lists()]
+
+    def _slot_lists(self):
+        """The Keras per-variable state lists, in the compiled kernels' order."""
+        raise NotImplementedError
+
     def _slot_index(self, variable):
         try:
             return self._get_variable_index(variable)
@@ -207,6 +218,9 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
     def _slot_handles(self, variables):
         return "sgd", []
 
+    def _slot_lists(self):
+        return []
+
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
         _native.tf_ops().embed_lab_sparse_apply_sgd(
@@ -225,6 +239,9 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
 
     def _slot_handles(self, variables):
         return "adagrad", [_handle(self._accumulators[self._slot_index(v)]) for v in variables]
+
+    def _slot_lists(self):
+        return [self._accumulators]
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
@@ -249,6 +266,9 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
     def _slot_handles(self, variables):
         pos = [self._slot_index(v) for v in variables]
         return "adam", ([_handle(self._momentums[i]) for i in pos] + [_handle(self._velocities[i]) for i in pos])
+
+    def _slot_lists(self):
+        return [self._momentums, self._velocities]
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)

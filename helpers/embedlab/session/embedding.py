@@ -293,11 +293,6 @@ class HostStore:
         self._release()
 
 
-def _tf_var(v):
-    t = el_ops._as_variable(v)
-    return v if t is None else t
-
-
 # --------------------------------------------------------------------------------------
 # The embedding
 # --------------------------------------------------------------------------------------
@@ -331,11 +326,7 @@ class Embedding:
             else:
                 self.kopt = el_opt.SGD(o.learning_rate, name=f"{spec.name}_sgd")
             self.kopt.build([self.table])
-            if o.type == "Adam":
-                i = self.kopt._get_variable_index(self.table)
-                self.slots = [_tf_var(self.kopt._momentums[i]), _tf_var(self.kopt._velocities[i])]
-            else:
-                self.slots = []
+            self.slots = self.kopt.slot_variables(self.table)
         else:
             self.kopt = None
             self.slots = self.tfopt.make_slots([self.capacity, self.vec], spec.name)

@@ -71,7 +71,7 @@ class Batch:
     sparse: list
     sources: list                     # [(file, first record in file, row in batch, count)]
     file_list: str
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)   # what a pipeline stage recorded (KeyTranslation: rows)
 
     def __len__(self):
         return self.label.shape[0]
@@ -279,12 +279,18 @@ class DataReader:
     `set_source`) points it at a new list and restarts reading. With `repeat=False`,
     `next_batch()` returns None once the list is exhausted; with `repeat=True` it starts the
     list again. The last batch of a list may be smaller than `batchsize`.
+
+    `stage`: a pipeline stage run on every batch in the background thread before it is queued
+    (`stage(batch) -> batch`; the Session's training reader has its `KeyTranslation`). When
+    `stage.stale(batch)` says a queued batch's result no longer holds (the tables were reloaded
+    after it ran), `next_batch()` runs the stage on it again before handing it over.
     """
 
     def __init__(self, data: DataSpec, batchsize: int, i64_key: bool, repeat: bool, name: str,
-                 default_source: str = "", prefetch: int = 4, raw_samples: int = 0):
+                 default_source: str = "", prefetch: int = 4, raw_samples: int = 0, stage=None):
         self.data, self.batchsize, self.i64_key, self.repeat = data, int(batchsize), i64_key, repeat
         self.name, self.prefetch, self.raw_samples = name, prefetch, raw_samples
+        self.stage = stage
         self.file_list = default_source
         self._thread = None
         self._stop = threading.Event()
@@ -292,7 +298,6 @@ class DataReader:
         self._done = False
         self._files: list[str] | None = None
         self.batches_read = 0
-        self.translate = None          # called in the reader thread on each batch (the Session's key -> row)
         self.fresh = False             # started or restarted, nothing consumed yet
 
     @property
@@ -381,9 +386,7 @@ class DataReader:
             put(e)
 
     def _finish(self, batch):
-        if self.translate is not None:
-            batch.extra = self.translate(batch)
-        return batch
+        return batch if self.stage is None else self.stage(batch)
 
     def next_batch(self) -> Batch | None:
         """The next batch, or None when the list is exhausted (repeat=False)."""
@@ -403,6 +406,8 @@ class DataReader:
             self._thread = None
             raise item
         self.batches_read += 1
+        if self.stage is not None and self.stage.stale(item):
+            item = self.stage(item)
         return item
 
     def restart(self):

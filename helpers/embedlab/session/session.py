@@ -15,9 +15,10 @@ The model comes from a HugeCTR JSON file (`spec.parse_model`); the embeddings ar
 on EmbedLab's compiled lookup kernels with the optimizer fused into the backward (Adam / SGD,
 `Local` or `LazyGlobal` updates) or TensorFlow update rules (MomentumSGD, Nesterov, any
 `Global` update); the dense layers are TensorFlow ops. One training iteration is one compiled
-`tf.function` call: initialize the rows new keys took, look up, forward, backward, update.
-Key -> row translation happens in the data reader's background thread, so the step only sees
-row indices.
+`tf.function` call on one named structure of inputs (`step.StepInputs`): initialize the rows new
+keys took, look up, forward, backward, update. Key -> row translation is the pipeline stage
+between the reader and the step (`translate.KeyTranslation`), run in the data reader's
+background thread, so the step only sees row indices.
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from .embedding import Embedding, KeyError_, TFOptimizer, lr_at
 from .layers import DenseModel
 from .reader import DataReader
 from .spec import ModelError, parse_model
+from .step import StepInputs
+from .translate import KeyTranslation
 
 __all__ = ["Session", "SolverConfig", "solver_parser_helper", "ModelOversubscriber", "auc"]
 
@@ -240,14 +243,15 @@ class Session:
         self._lr_override = None
         self.iteration = 0
         self._loss = None
+        self._step = StepInputs(spec.data, self.embeddings)
+        self._keys = KeyTranslation(self.embeddings, spec.data)
         self._train_fn = self._build_train_fn()
         self._eval_fn = self._build_eval_fn()
         d = spec.data
         self.reader_train = DataReader(d, s.batchsize, s.i64_input_key, s.repeat_dataset, "train",
-                                       default_source=d.source, raw_samples=d.num_samples)
+                                       default_source=d.source, raw_samples=d.num_samples, stage=self._keys)
         self.reader_eval = DataReader(d, s.batchsize_eval, s.i64_input_key, False, "eval",
                                       default_source=d.eval_source, raw_samples=d.eval_num_samples)
-        self.reader_train.translate = self._translate_train
         self._oversubscriber = ModelOversubscriber(self) if self.oversub else None
         if s.model_file:
             self._load_dense(s.model_file)
@@ -293,19 +297,6 @@ class Session:
 
     # ---- the compiled steps -----------------------------------------------------------
 
-    def _signature(self, train):
-        d = self.spec.data
-        sig = [tf.TensorSpec([None, d.label_dim], tf.float32), tf.TensorSpec([None, d.dense_dim], tf.float32)]
-        if train:
-            sig += [tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32),
-                    tf.TensorSpec([len(self.embeddings)], tf.float32)]
-        for e in self.embeddings:
-            sig += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)]
-            if train:
-                sig += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, e.vec], tf.float32),
-                        tf.TensorSpec([], tf.int64)]
-        return sig
-
     def _loss_of(self, logit, label, batch):
         return self.dense.loss(logit, label, batch)
 
@@ -313,22 +304,22 @@ class Session:
         embs, dense, scaler = self.embeddings, self.dense, self.solver.scaler
         d = self.spec.data
 
-        def step(*args):
-            label, dns, it, lr_d, lr_e = args[:5]
-            rest = args[5:]
-            per = [rest[5 * i:5 * i + 5] for i in range(len(embs))]
-            for e, (_, _, irows, ivals, _) in zip(embs, per):
-                e.init_rows(irows, ivals)
-            for i, (e, (_, rows, _, _, _)) in enumerate(zip(embs, per)):
-                e.begin_step(rows, lr_e[i])
+        def step(inp):
+            label, dns, it, lr_d, lr_e = inp["label"], inp["dense"], inp["iteration"], inp["lr_dense"], \
+                inp["lr_embeddings"]
+            per = inp["embeddings"]
+            for e, x in zip(embs, per):
+                e.init_rows(x["init_rows"], x["init_values"])
+            for i, (e, x) in enumerate(zip(embs, per)):
+                e.begin_step(x["rows"], lr_e[i])
             for i, e in enumerate(embs):
                 if e.compiled:
                     e.kopt.learning_rate = lr_e[i]
             batch = tf.cast(tf.shape(label)[0], tf.float32)
             with tf.GradientTape() as tape:
                 env = {d.label_top: label, d.dense_top: dns}
-                for e, (splits, rows, _, _, _) in zip(embs, per):
-                    out = e.lookup(splits, rows, train=True)
+                for e, x in zip(embs, per):
+                    out = e.lookup(x["splits"], x["rows"], train=True)
                     if scaler != 1.0:
                         out = _scale_grad(out, tf.constant(1.0 / scaler))
                     env[e.spec.top] = out
@@ -346,45 +337,28 @@ class Session:
                 gd = [None if g is None else g / scaler for g in gd]
             self.dense_opt.step.assign_add(1)
             self.dense_opt.apply_dense(gd, ws, self.dense_slots, lr_d, self.dense_opt.step)
-            for i, (e, g, (_, _, _, _, used)) in enumerate(zip(embs, ge, per)):
+            for i, (e, g, x) in enumerate(zip(embs, ge, per)):
                 if not e.compiled:
-                    e.apply(g, lr_e[i], used)
+                    e.apply(g, lr_e[i], x["rows_in_use"])
             return loss
 
         with tf.device(self.device):
-            return tf.function(step, input_signature=self._signature(True), reduce_retracing=True)
+            return tf.function(step, input_signature=[self._step.signature(True)], reduce_retracing=True)
 
     def _build_eval_fn(self):
         embs, dense = self.embeddings, self.dense
         d = self.spec.data
 
-        def step(*args):
-            label, dns = args[:2]
-            env = {d.label_top: label, d.dense_top: dns}
-            for i, e in enumerate(embs):
-                env[e.spec.top] = e.lookup(args[2 + 2 * i], args[3 + 2 * i], train=False)
+        def step(inp):
+            label = inp["label"]
+            env = {d.label_top: label, d.dense_top: inp["dense"]}
+            for e, x in zip(embs, inp["embeddings"]):
+                env[e.spec.top] = e.lookup(x["splits"], x["rows"], train=False)
             logit = dense(env, training=False, compute_dtype=self.compute_dtype)
             return tf.sigmoid(logit), self._loss_of(logit, label, tf.cast(tf.shape(label)[0], tf.float32))
 
         with tf.device(self.device):
-            return tf.function(step, input_signature=self._signature(False), reduce_retracing=True)
-
-    # ---- key translation --------------------------------------------------------------
-
-    def _translate_train(self, batch):
-        gens = [e.generation for e in self.embeddings]
-        try:
-            rows = [e.translate_train(sp[0], sp[1], batch) for e, sp in zip(self.embeddings, self._inputs(batch))]
-            return {"gens": gens, "rows": rows}
-        except KeyError_ as err:
-            # Kept on the batch until train() raises it, so without its traceback: the reader
-            # thread's frames in it (whole file blocks among their locals) and the batch would
-            # form a reference cycle that only Python's cyclic collector frees, much later.
-            return {"gens": gens, "error": err.with_traceback(None)}
-
-    def _inputs(self, batch):
-        idx = {s.top: i for i, s in enumerate(self.spec.data.sparse)}
-        return [batch.sparse[idx[e.spec.bottom]] for e in self.embeddings]
+            return tf.function(step, input_signature=[self._step.signature(False)], reduce_retracing=True)
 
     # ---- the HugeCTR API --------------------------------------------------------------
 
@@ -429,22 +403,13 @@ class Session:
             a `FormatError` (bad file), or a `KeyError_` (a key the tables cannot place),
             naming the file list, the file / key and slot; that batch is not trained.
         """
-        batch = self.reader_train.next_batch()
+        batch = self.reader_train.next_batch()       # translated by the reader's KeyTranslation stage
         if batch is None:
             return False
-        tr = batch.extra
-        if not tr or tr.get("gens") != [e.generation for e in self.embeddings]:
-            tr = self._translate_train(batch)
-        if "error" in tr:
-            raise tr["error"]
-        args = [tf.constant(batch.label), tf.constant(batch.dense), tf.constant(self.iteration + 1, tf.int64)]
+        rows = self._keys.rows(batch)
         lr_d, lr_e = self._lrs(self.iteration + 1)
-        args += [tf.constant(lr_d, tf.float32), tf.constant(lr_e, tf.float32)]
-        for e, (splits, _), rows in zip(self.embeddings, self._inputs(batch), tr["rows"]):
-            irows, ivals = e.pending_init(rows)
-            args += [tf.constant(splits), tf.constant(rows), tf.constant(irows), tf.constant(ivals),
-                     tf.constant(e.rows_in_use, tf.int64)]
-        self._loss = self._train_fn(*args)
+        self._loss = self._train_fn(self._step.train(batch, self._keys.inputs(batch), rows, self.iteration + 1,
+                                                     lr_d, lr_e))
         self.iteration += 1
         self.last_batch_size = len(batch)
         return True
@@ -470,10 +435,7 @@ class Session:
             b = r.next_batch()
             if b is None:
                 break
-            args = [tf.constant(b.label), tf.constant(b.dense)]
-            for e, (splits, keys) in zip(self.embeddings, self._inputs(b)):
-                args += [tf.constant(splits), tf.constant(e.translate_eval(keys))]
-            p, l = self._eval_fn(*args)
+            p, l = self._eval_fn(self._step.eval(b, self._keys.inputs(b), self._keys.eval_rows(b)))
             preds.append(p.numpy())
             labels.append(b.label)
             losses.append(float(l))
