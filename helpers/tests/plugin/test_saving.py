@@ -21,7 +21,6 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-import reference as ref  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 from embedlab import plugin  # noqa: E402
 from embedlab.models import DeepFM  # noqa: E402
@@ -86,11 +85,6 @@ def _functional_with_plugin_layer():
     m = keras.Model({"dense": dense, "sparse": keys}, out)
     m.compile(keras.optimizers.SGD(0.1), "binary_crossentropy")
     return m
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
 
 
 def test_plugin_models_save_load_and_export_in_a_fresh_process(rng, tmp_path):

@@ -25,6 +25,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import reference as ref  # noqa: E402
+from embedlab import _io  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 from embedlab import plugin  # noqa: E402
 
@@ -34,11 +35,6 @@ import embedlab as _embedlab  # noqa: E402
 EMBEDLAB_HOME = Path(_embedlab.__file__).resolve().parents[1]
 multidev = pytest.mark.skipif(_NDEV < 4, reason="needs 4 logical CPU devices: runs in the child process "
                                                 "started by test_multidev_suite")
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
 
 
 @pytest.fixture(autouse=True)
@@ -256,7 +252,7 @@ def test_save_restore_round_trip_and_atomic(rng, tmp_path, monkeypatch):
     def boom(*_a, **_k):
         raise OSError("simulated crash")
 
-    monkeypatch.setattr(plugin.os, "replace", boom)
+    monkeypatch.setattr(_io.os, "replace", boom)
     with pytest.raises(OSError, match="simulated"):
         a.save(path)
     monkeypatch.undo()

@@ -1,195 +1,28 @@
-"""HugeCTR's TensorFlow embedding plugin, as a Keras 3 layer on EmbedLab's compiled ops.
-
-The workflow of HugeCTR's `hugectr_tf_ops` (v2.3/v3.0), rebuilt on today's Keras:
-
-    import embedlab.plugin as plugin
-    plugin.init(devices=["/CPU:0", "/CPU:1"], seed=0)      # callable again, any time
-    emb = plugin.EmbeddingLayer(vocabulary_size=1000, embedding_vec_size=8, slot_num=26,
-                                max_nnz=2, combiner="sum", embedding_type="distributed",
-                                optimizer=embedlab.optimizers.Adam(0.001))
-    out = emb(keys)                                        # [batch, 26, 8]
-
-Input (any of):
-
-* dense int64 `[batch, slot_num, max_nnz]` keys padded with -1 (key 0 is valid);
-* a COO `tf.SparseTensor` with dense_shape `[batch * slot_num, max_nnz]` or
-  `[batch, slot_num, max_nnz]` (converted to CSR by a compiled counting sort);
-* pre-built CSR, a tuple `(row_offsets, values)`: `row_offsets` int64 `[batch*slot_num + 1]`,
-  `values` int64 `[nnz]` (HugeCTR's `fprop_v3` input). This skips the COO -> CSR sort.
-
-Output: float32 `[batch, slot_num, embedding_vec_size]`, each slot's keys pooled with
-`combiner` ("sum" or "mean"); an empty slot gives zeros.
-
-Placement ("devices" are the ones given to `init`, by default every logical CPU device):
-
-* "distributed": rows are sharded by key % n: shard i holds keys i, i+n, i+2n, ... at local
-  row key // n, so memory is vocabulary_size * vec floats in total.
-* "localized": slot s lives on device s % n. With `slot_size_array` (keys of slot s lie in
-  [offset_s, offset_s + slot_size_array[s]), offsets the running sum, as HugeCTR's
-  preprocessing writes them) each device holds only its slots' rows. Without it every device
-  holds a full vocabulary_size-row table (n times the memory) and a key must be used by the
-  slots of one device only (true for Criteo-style per-slot offsets); `save` raises if a key
-  was trained on two devices.
-
-Results are bitwise identical whatever the number of devices: with one device the layer does
-one pooled lookup; with several, each device gathers its rows unpooled (keys it doesn't own
-masked to -1, which gives exact zeros), the gathered rows are added (x + 0 is exact), and one
-pooled lookup over them in the original key order does the same float additions as the
-one-device path. Initial values are a function of (seed, key) only, so sharding does not
-change them.
-
-To split one CPU into n logical devices (to try sharding on a laptop), call
-`split_cpu(n)` (or `tf.config.set_logical_device_configuration`) *before* TensorFlow
-initializes its devices, i.e. before the first op runs.
-
-Training: with `optimizer=None` the tables are ordinary trainable variables and their
-`IndexedSlices` gradients go to whatever optimizer the model uses (use
-`embedlab.optimizers.*` for compiled sparse updates). With an EmbedLab optimizer, the layer
-trains its tables itself, as the plugin did: its tables are non-trainable to Keras, a scalar
-`bp_trigger` variable is trainable and, when backprop reaches it (in `model.fit`, or any
-`GradientTape`), the layer applies its optimizer to the tables' sparse gradients; the
-trigger's gradient is zero, so the model's optimizer leaves it at 0. Call `tape.gradient`
-once per step (each call applies an update). The layer's optimizer updates each device's
-table with its own compiled op (on one device, the backward and the update are a single op:
-the optimizer runs inside the backward, as in `ops.fused_embedding_lookup(optimizer=...)`);
-gradient clipping / loss-scaling options of that optimizer are not applied.
-
-With `optimizer=None` and tables on several devices, the model's optimizer receives one
-IndexedSlices gradient per device table: Keras optimizers handle that, but an
-`embedlab.optimizers` instance currently fuses all sparse updates of a step into one op,
-which TensorFlow cannot place across devices; give the layer its own optimizer instead
-(or use one device).
-"""
+"""`EmbeddingLayer`, HugeCTR's TensorFlow embedding plugin as a Keras 3 layer, and the per-key
+initial values it starts from (`embedlab.plugin`'s docstring describes the workflow)."""
 from __future__ import annotations
 
-import json
-import os
-import struct
-import tempfile
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from . import ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
+from .. import ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
+from .._hashing import splitmix64
+from . import checkpoint, placement
+from .placement import _canonical, current
 
-__all__ = ["init", "split_cpu", "current", "EmbeddingLayer", "PluginConfig", "initial_values"]
+__all__ = ["EmbeddingLayer", "initial_values"]
 
 _COMBINERS = ("sum", "mean")
 _TYPES = ("distributed", "localized")
 _INIT_SCALE = 0.05           # "random" initializer: uniform(-0.05, 0.05), Keras Embedding's default
 
 
-@dataclass(frozen=True)
-class PluginConfig:
-    """What `init` set: the devices later layers shard over, and the initializer seed."""
-    devices: tuple
-    seed: int
-
-
-_STATE: dict = {"config": None}
-
-
-def _canonical(device: str) -> str:
-    spec = tf.DeviceSpec.from_string(device)
-    for d in tf.config.list_logical_devices():
-        ds = tf.DeviceSpec.from_string(d.name)
-        if ds.device_type == (spec.device_type or "").upper() and ds.device_index == (spec.device_index or 0):
-            return d.name
-    names = [d.name for d in tf.config.list_logical_devices()]
-    raise ValueError(f"embedlab.plugin.init: device {device!r} is not a logical device of this process "
-                     f"(have {names}); split the CPU with embedlab.plugin.split_cpu(n) before TensorFlow starts")
-
-
-def init(devices: Sequence[str] | str | None = None, seed: int = 0) -> PluginConfig:
-    """Sets the devices and the seed for the EmbeddingLayers created afterwards.
-
-    Unlike HugeCTR's `init`, this can be called again at any time (no `reset()` needed);
-    layers already created keep the devices and seed they were created with.
-
-    Args:
-        devices: device strings such as `["/CPU:0", "/CPU:1"]` or `"/GPU:0"`; default: every
-            logical CPU device (see `split_cpu`).
-        seed: initializer seed (an int >= 0). A key's initial row depends on (seed, key) only.
-
-    Returns:
-        The `PluginConfig` now in force.
-
-    Example:
-        >>> cfg = init(["/CPU:0"], seed=1)
-        >>> cfg.devices
-        ('/device:CPU:0',)
-    """
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"embedlab.plugin.init: seed must be a non-negative int, got {seed!r}")
-    if devices is None:
-        devices = [d.name for d in tf.config.list_logical_devices("CPU")]
-    elif isinstance(devices, str):
-        devices = [devices]
-    devices = [_canonical(d) for d in devices]
-    if not devices:
-        raise ValueError("embedlab.plugin.init: devices must not be empty")
-    if len(set(devices)) != len(devices):
-        raise ValueError(f"embedlab.plugin.init: devices must be distinct, got {devices}")
-    cfg = PluginConfig(tuple(devices), int(seed))
-    _STATE["config"] = cfg
-    return cfg
-
-
-def current() -> PluginConfig:
-    """The configuration `init` set last (calls `init()` with its defaults if it never ran)."""
-    if _STATE["config"] is None:
-        init()
-    return _STATE["config"]
-
-
-def split_cpu(n: int) -> list:
-    """Splits the physical CPU into `n` logical devices; must run before TensorFlow starts.
-
-    Call it at the top of a program or notebook, before any TensorFlow op or device query
-    (afterwards TensorFlow refuses to change devices). Calling it again with the same `n` is
-    a no-op.
-
-    Args:
-        n: number of logical CPU devices (>= 1).
-
-    Returns:
-        The logical CPU device names.
-
-    Example:
-        >>> split_cpu(4)        # doctest: +SKIP
-        ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
-    """
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    want = [tf.config.LogicalDeviceConfiguration() for _ in range(int(n))]
-    try:
-        tf.config.set_logical_device_configuration(cpu, want)
-    except RuntimeError as e:
-        have = tf.config.list_logical_devices("CPU")
-        if len(have) != n:
-            raise RuntimeError(f"embedlab.plugin.split_cpu({n}): TensorFlow is already initialized with "
-                               f"{len(have)} logical CPU device(s); call split_cpu before any TensorFlow op "
-                               f"(e.g. first thing in the notebook's Setup cell) ({e})") from e
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
-
-
 # --------------------------------------------------------------------------------------------
 # Per-key initial values
 # --------------------------------------------------------------------------------------------
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    # A counter-based hash (SplitMix64's finalizer): value of (seed, key, column) with no state,
-    # so any shard can compute its rows without the others.
-    with np.errstate(over="ignore"):
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
-
 
 def initial_values(keys, dim: int, seed: int = 0, initializer="random") -> np.ndarray:
     """The initial rows of `keys`: a function of (seed, key) only.
@@ -214,13 +47,13 @@ def initial_values(keys, dim: int, seed: int = 0, initializer="random") -> np.nd
             raise ValueError(f"initializer must be 'random', a float or a 2-D array, got {initializer!r}")
         out = np.empty((len(keys), dim), dtype=np.float32)
         with np.errstate(over="ignore"):
-            base = _splitmix64(np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(dim))  # wraps mod 2^64
+            base = splitmix64(np.uint64(seed) * np.uint64(0xD1B54A32D192ED03) + np.uint64(dim))  # wraps mod 2^64
         cols = np.arange(dim, dtype=np.uint64)
         step = max(1, (1 << 22) // max(dim, 1))        # bounded temporaries for big tables
         for s in range(0, len(keys), step):
             k = keys[s:s + step].astype(np.uint64)[:, None]
             with np.errstate(over="ignore"):
-                h = _splitmix64(base ^ (k * np.uint64(0x100000001B3) + cols[None, :]))
+                h = splitmix64(base ^ (k * np.uint64(0x100000001B3) + cols[None, :]))
             u = (h >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
             out[s:s + step] = (u * np.float32(2 * _INIT_SCALE) - np.float32(_INIT_SCALE))
         return out
@@ -228,39 +61,6 @@ def initial_values(keys, dim: int, seed: int = 0, initializer="random") -> np.nd
         return np.full((len(keys), dim), float(initializer), dtype=np.float32)
     arr = np.asarray(initializer, dtype=np.float32)
     return arr[keys]
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoint format
-# --------------------------------------------------------------------------------------------
-
-_MAGIC = b"EMBLABPL"
-_VERSION = 1
-# magic(8) | version u32 | header_len u32 | header JSON | payload (float32 LE [rows, dim], key order)
-# The header carries the payload's CRC32 and the header's own CRC32 closes the file's prefix.
-_PREFIX = struct.Struct("<8sII")
-
-
-class CheckpointError(ValueError):
-    """A plugin checkpoint is truncated, corrupt, or does not fit the layer."""
-
-
-def _atomic_write(path: Path, chunks):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for c in chunks:
-                f.write(c)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,7 +88,7 @@ class EmbeddingLayer(keras.layers.Layer):
         devices, seed: override `init`'s devices / seed for this layer.
         name: layer name (also names its variables and error messages).
 
-    Input: see the module docstring (dense, COO SparseTensor, or `(row_offsets, values)`).
+    Input: see `embedlab.plugin`'s docstring (dense, COO SparseTensor, or `(row_offsets, values)`).
 
     Saving: the layer is Keras-serializable (`model.save("m.keras")` / `keras.saving.load_model`,
     `model.export(...)` for serving). The `.keras` file holds the table in key order, so it
@@ -338,7 +138,7 @@ class EmbeddingLayer(keras.layers.Layer):
                                  f"vocabulary_size {V}, got {list(map(int, ssa))[:8]}"
                                  f"{'...' if ssa.size > 8 else ''} (sum {int(ssa.sum())})")
             self.slot_size_array = [int(x) for x in ssa]
-            self._slot_offsets = np.concatenate([[0], np.cumsum(ssa)[:-1]]).astype(np.int64)
+            self._slot_offsets = placement.slot_offsets(ssa)
         else:
             self.slot_size_array = None
             self._slot_offsets = None
@@ -360,7 +160,7 @@ class EmbeddingLayer(keras.layers.Layer):
         n = len(self.devices)
 
         # The plan: for each device, which global keys its table holds, in local-row order.
-        self._shard_keys = self._plan(n)
+        self._shard_keys = placement.shard_keys(V, n, embedding_type, self.slot_size_array)
         self.optimizer = optimizer
         own = optimizer is not None
         self._tables = []
@@ -381,29 +181,13 @@ class EmbeddingLayer(keras.layers.Layer):
 
     # ---- placement ------------------------------------------------------------------------
 
-    def _plan(self, n: int) -> list:
-        V, S = self.vocabulary_size, self.slot_num
-        if n == 1:
-            return [np.arange(V, dtype=np.int64)]
-        if self.embedding_type == "distributed":
-            return [np.arange(i, V, n, dtype=np.int64) for i in range(n)]
-        if self.slot_size_array is None:
-            return [np.arange(V, dtype=np.int64) for _ in range(n)]
-        plan = []
-        for j in range(n):
-            slots = [s for s in range(S) if s % n == j]
-            plan.append(np.concatenate([np.arange(self._slot_offsets[s], self._slot_offsets[s] + self.slot_size_array[s],
-                                                  dtype=np.int64) for s in slots]) if slots
-                        else np.zeros([0], np.int64))
-        return plan
-
     @property
     def num_devices(self) -> int:
         return len(self.devices)
 
     @property
     def tables(self) -> list:
-        """The per-device table variables (local rows; see the module docstring)."""
+        """The per-device table variables (local rows; see `embedlab.plugin.placement`)."""
         return list(self._tables)
 
     # ---- input ----------------------------------------------------------------------------
@@ -553,26 +337,8 @@ class EmbeddingLayer(keras.layers.Layer):
 
     def _local_keys(self, i: int, splits, keys):
         """Shard i's local row for each key, -1 where shard i doesn't own the key."""
-        n = self.num_devices
-        valid = keys >= 0
-        if self.embedding_type == "distributed":
-            own = tf.logical_and(valid, tf.math.floormod(keys, n) == i)
-            local = tf.math.floordiv(keys, n)
-        else:
-            slot = self._slots_of(splits, keys)
-            own = tf.logical_and(valid, tf.math.floormod(slot, n) == i)
-            if self.slot_size_array is None:
-                local = keys
-            else:
-                # local row = (rows of this device's earlier slots) + (key - slot offset)
-                base = np.zeros(self.slot_num, np.int64)
-                for j in range(n):
-                    acc = 0
-                    for s in range(j, self.slot_num, n):
-                        base[s] = acc
-                        acc += self.slot_size_array[s]
-                local = keys - tf.gather(tf.constant(self._slot_offsets - base), slot)
-        return tf.where(own, local, tf.constant(-1, tf.int64))
+        slot = None if self.embedding_type == "distributed" else self._slots_of(splits, keys)
+        return placement.local_rows(i, self.num_devices, keys, self.embedding_type, slot, self.slot_size_array)
 
     def _lookup(self, splits, keys):
         if self.num_devices == 1:
@@ -686,12 +452,11 @@ class EmbeddingLayer(keras.layers.Layer):
     # ---- save / restore ---------------------------------------------------------------------
 
     def save(self, path) -> Path:
-        """Writes the table in key order to `path`, atomically (temp file + rename).
+        """Writes the table in key order to `path`, atomically (temp file, fsync, rename).
 
-        Format: b"EMBLABPL", u32 version, u32 header length, a JSON header (vocabulary_size,
-        embedding_vec_size, dtype, payload bytes and CRC32, and the header's own CRC32), then
-        the float32 little-endian rows. Device count and embedding_type are not part of the
-        file, so it restores into a layer sharded differently. Optimizer state is not saved.
+        The format is `embedlab.plugin.checkpoint`'s: a checked header, then the float32 rows.
+        Device count and embedding_type are not part of the file, so it restores into a layer
+        sharded differently. Optimizer state is not saved.
 
         Args:
             path: file path (parents are created).
@@ -702,17 +467,7 @@ class EmbeddingLayer(keras.layers.Layer):
         Example:
             >>> emb.save("/tmp/emb.bin"); emb.restore("/tmp/emb.bin")     # doctest: +SKIP
         """
-        path = Path(path)
-        table = np.ascontiguousarray(self.get_table(), dtype="<f4")
-        payload = table.tobytes()
-        header = {"format": "embedlab.plugin.EmbeddingLayer", "vocabulary_size": self.vocabulary_size,
-                  "embedding_vec_size": self.embedding_vec_size, "dtype": "float32", "order": "key",
-                  "payload_bytes": len(payload), "payload_crc32": zlib.crc32(payload),
-                  "layer": self.name}
-        hb = json.dumps(header, sort_keys=True).encode()
-        hcrc = struct.pack("<I", zlib.crc32(hb))
-        _atomic_write(path, [_PREFIX.pack(_MAGIC, _VERSION, len(hb)), hb, hcrc, payload])
-        return path
+        return checkpoint.write_table(path, self.get_table(), self.name)
 
     def restore(self, path) -> None:
         """Loads a table written by `save` (any device count / embedding_type) into this layer.
@@ -724,42 +479,8 @@ class EmbeddingLayer(keras.layers.Layer):
         Args:
             path: file written by `save`.
         """
-        path = Path(path)
-
-        def fail(why):
-            raise CheckpointError(f"EmbeddingLayer {self.name!r}: cannot restore {path}: {why}")
-
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            fail(f"{e.strerror or e}")
-        if len(data) < _PREFIX.size:
-            fail(f"file is {len(data)} bytes, too short for the header (truncated?)")
-        magic, version, hlen = _PREFIX.unpack_from(data, 0)
-        if magic != _MAGIC:
-            fail(f"not an EmbedLab plugin checkpoint (magic {magic!r})")
-        if version != _VERSION:
-            fail(f"format version {version}, this EmbedLab reads version {_VERSION}")
-        h0 = _PREFIX.size
-        if len(data) < h0 + hlen + 4:
-            fail("truncated header")
-        hb = data[h0:h0 + hlen]
-        (hcrc,) = struct.unpack_from("<I", data, h0 + hlen)
-        if zlib.crc32(hb) != hcrc:
-            fail("header checksum mismatch (corrupt file)")
-        try:
-            header = json.loads(hb)
-        except ValueError:
-            fail("header is not valid JSON")
-        payload = memoryview(data)[h0 + hlen + 4:]
-        if len(payload) != header.get("payload_bytes"):
-            fail(f"payload is {len(payload)} bytes, header says {header.get('payload_bytes')} (truncated?)")
-        if zlib.crc32(payload) != header.get("payload_crc32"):
-            fail("payload checksum mismatch (corrupt file)")
-        V, D = header.get("vocabulary_size"), header.get("embedding_vec_size")
-        if (V, D) != (self.vocabulary_size, self.embedding_vec_size):
-            fail(f"file holds a [{V}, {D}] table, this layer is [{self.vocabulary_size}, {self.embedding_vec_size}]")
-        self.set_table(np.frombuffer(payload, dtype="<f4").reshape(V, D))
+        self.set_table(checkpoint.read_table(path, self.vocabulary_size, self.embedding_vec_size,
+                                             f"EmbeddingLayer {self.name!r}"))
 
     # ---- Keras serialization ----------------------------------------------------------------
 

@@ -18,8 +18,7 @@ def _independent_read(path, dim):
 
 
 @pytest.mark.parametrize("dim", [1, 16, 33])
-def test_round_trip_and_independent_reader(tmp_path, dim):
-    rng = np.random.default_rng()
+def test_round_trip_and_independent_reader(tmp_path, dim, rng):
     n = int(rng.integers(1, 500))
     keys = rng.choice(np.arange(-(2**40), 2**40, 7919), size=n, replace=False)   # negative keys too
     vecs = rng.standard_normal((n, dim)).astype(np.float32)
