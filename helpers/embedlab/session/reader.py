@@ -31,11 +31,11 @@ import queue
 import threading
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .. import _native
+from .._io import read_file_list
 from ..data.formats import FormatError, _read_header
 from .spec import DataSpec
 
@@ -101,31 +101,6 @@ def _concat(blocks, file_list):
         sources.append((b.path, b.first_record, row, len(b)))
         row += len(b)
     return Batch(label, dense, sparse, sources, file_list)
-
-
-def read_file_list(path) -> list[str]:
-    """The files of a HugeCTR file list (count line, then one path per line), checked to exist.
-
-    Raises:
-        FormatError naming the list and the line: a bad count line, a count that disagrees
-        with the lines, or a listed file that does not exist.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FormatError(f"file list {path} does not exist")
-    lines = [l.strip() for l in path.read_text().splitlines() if l.strip()]
-    if not lines or not lines[0].isdigit():
-        raise FormatError(f"file list {path}: line 1 must be the number of files, got "
-                          f"{lines[0] if lines else '(empty file)'!r}")
-    n, files = int(lines[0]), lines[1:]
-    if n != len(files):
-        raise FormatError(f"file list {path}: line 1 says {n} files but {len(files)} are listed")
-    for i, f in enumerate(files):
-        p = Path(f) if Path(f).is_absolute() else path.parent / f
-        if not Path(f).is_file() and not p.is_file():
-            raise FormatError(f"file list {path}: line {i + 2}: data file {f} does not exist")
-        files[i] = str(f if Path(f).is_file() else p)
-    return files
 
 
 _NORM_ERRORS = {   # csrc/core/norm_format.h NormStatus -> message (record r, slot s, offset o, values v, w)
@@ -316,7 +291,7 @@ class DataReader:
         fl = str(file_list) if file_list else self.file_list
         if not fl:
             raise ValueError(f"{self.name}: no file list given and the Data layer names none")
-        files = read_file_list(fl)
+        files = [str(f) for f in read_file_list(fl)]
         self._shutdown()
         self.file_list, self._files = fl, files
         self._done = False
@@ -329,7 +304,7 @@ class DataReader:
         if self._thread is not None or self._done:
             return
         if self._files is None:
-            self._files = read_file_list(self.file_list)
+            self._files = [str(f) for f in read_file_list(self.file_list)]
         self._stop = threading.Event()
         self._q = queue.Queue(maxsize=self.prefetch)
         self._thread = threading.Thread(target=self._run, args=(self._files, self.file_list, self._stop,

@@ -133,7 +133,7 @@ def test_missing_file_in_list(tmp_path, rng):
     with pytest.raises(FormatError, match=r"list.txt: line 3: data file .*gone.data does not exist"):
         r.set_file_list_source(str(tmp_path / "list.txt"))
     (tmp_path / "bad.txt").write_text(f"3\n{tmp_path / 'a.data'}\n")
-    with pytest.raises(FormatError, match="says 3 files but 1"):
+    with pytest.raises(FormatError, match="says 3 files but lists 1"):
         r.set_file_list_source(str(tmp_path / "bad.txt"))
 
 
