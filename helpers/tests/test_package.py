@@ -138,12 +138,13 @@ def test_tutorial_helpers_keep_their_old_paths():
     """The notebooks' helpers live in embedlab.tutorials; the names users imported before stay
     importable where they were, as the same objects, and the product packages do not import the
     tutorials until such a name is used."""
-    r = subprocess.run([sys.executable, "-c", "import sys, embedlab.models, embedlab.session; "
+    r = subprocess.run([sys.executable, "-c", "import sys, embedlab.models, embedlab.session, embedlab.sok, "
+                        "embedlab.hps.export; "
                         "print(sorted(m for m in sys.modules if m.startswith('embedlab.tutorials')))"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
     from embedlab import tutorials
-    from embedlab.tutorials import session_lab, training
+    from embedlab.tutorials import hps_demo, naive_dnn, session_lab, sok_demo, sok_guide, training
     import embedlab.models
     import embedlab.models.training
     from embedlab.models import sparse_update_ms, sparse_update_step, train_steps
@@ -153,6 +154,17 @@ def test_tutorial_helpers_keep_their_old_paths():
     import embedlab.session.lab
     from embedlab.session import lab
     assert lab is session_lab and embedlab.session.lab is session_lab and lab.train_passes is session_lab.train_passes
+    from embedlab.hps import demo as hdemo, export
+    from embedlab.sok import demo as sdemo, demo_guide
+    assert (hdemo, sdemo, demo_guide) == (hps_demo, sok_demo, sok_guide)
+    for name in ("DemoArgs", "demo_args", "ClickModel", "generate_samples", "evaluate", "train_naive_dnn",
+                 "write_manifest", "export_for_serving"):
+        assert getattr(export, name) is getattr(naive_dnn, name), name
+    with pytest.raises(AttributeError, match="no attribute 'train_nothing'"):
+        export.train_nothing  # noqa: B018
+    r = subprocess.run([sys.executable, "-m", "embedlab.sok.demo", "--help"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "--global-batch" in r.stdout, r.stderr
 
 
 def test_data_public_names_keep_their_old_paths():
@@ -178,3 +190,28 @@ def test_data_public_names_keep_their_old_paths():
     from embedlab.data.formats import NormData, _read_header, read_norm  # noqa: F401
     assert criteo.generate.__module__ == "embedlab.data.criteo.synth"
     assert formats.read_norm.__module__ == "embedlab.data.formats.norm"
+
+
+def test_plugin_and_io_public_names_keep_their_old_paths():
+    """embedlab.plugin is a package (placement, layer, checkpoint): its public names import from
+    embedlab.plugin as before, a layer config saved under the old module path deserializes, and
+    the file-list reader of data.formats and session.reader is the one in embedlab._io."""
+    import keras
+
+    import embedlab._io
+    import embedlab.plugin as plugin
+    import embedlab.session.reader
+    from embedlab.plugin import (CheckpointError, EmbeddingLayer, PluginConfig, current,  # noqa: F401
+                                 init, initial_values, split_cpu)
+    from embedlab.plugin import checkpoint, layer, placement
+    assert set(plugin.__all__) == {"init", "split_cpu", "current", "EmbeddingLayer", "PluginConfig",
+                                   "initial_values", "CheckpointError"}
+    assert (EmbeddingLayer, initial_values, CheckpointError, init) == (
+        layer.EmbeddingLayer, layer.initial_values, checkpoint.CheckpointError, placement.init)
+    assert keras.saving.get_registered_object("embedlab>EmbeddingLayer") is EmbeddingLayer
+    old = {"module": "embedlab.plugin", "class_name": "EmbeddingLayer", "registered_name": "embedlab>EmbeddingLayer",
+           "config": {"name": "e", "vocabulary_size": 4, "embedding_vec_size": 2, "slot_num": 1, "max_nnz": 1,
+                      "initializer": 0.5, "devices": ["/CPU:0"]}}
+    emb = keras.saving.deserialize_keras_object(old)
+    assert type(emb) is EmbeddingLayer and emb.get_table().tolist() == [[0.5, 0.5]] * 4
+    assert embedlab.session.reader.read_file_list is embedlab._io.read_file_list
