@@ -6,15 +6,18 @@ A sparse model is a folder holding
 * ``emb_vector``: float32 x ``dim`` per key, in the same order, no header;
 * ``slot_id`` (localized embeddings only): the slot each key belongs to, int64 per key.
 
-1,000 keys at dim 16 are 8,000 + 64,000 bytes. Every writer of embedding tables in EmbedLab
-(the plugin's ``save``, the Session's ``download_params_to_files``, SOK's export, notebooks)
-goes through :func:`write_sparse_model`, and every reader (the HPS loader, the Session's
-``embedding_files``) through :func:`read_sparse_model`, so a model trained anywhere in the
-project is served by the HPS without conversion.
+1,000 keys at dim 16 are 8,000 + 64,000 bytes. The Session's ``download_params_to_files``,
+the HPS training-export workflow (notebook 05) and the notebooks (a plugin layer's
+``get_table()``, for instance) write sparse models with :func:`write_sparse_model`; the HPS
+loader and the Session's ``embedding_files`` read them with :func:`read_sparse_model`, so what
+those write is served by the HPS without conversion. Two writers keep formats of their own,
+for state this one does not hold: the plugin layer's ``save`` (one checksummed file,
+:mod:`embedlab.plugin.checkpoint`) and SOK's ``dump`` (tables with their optimizer slots,
+:mod:`embedlab.sok.checkpoint`).
 
-Writes are atomic (a temporary folder renamed into place; a crash leaves the previous model
-intact). Reads check that the files agree in length and with the expected dim, and name the
-file and the sizes when they do not.
+Writes are atomic (a temporary folder renamed into place with :func:`embedlab._io.atomic_dir`;
+a crash leaves the previous model intact). Reads check that the files agree in length and with
+the expected dim, and name the file and the sizes when they do not.
 """
 from __future__ import annotations
 
