@@ -8,4 +8,8 @@ and measurement helpers, kept out of the notebooks so that they read as the stor
   the new API's example), trained by notebook 04 in one process and in its 2-worker job.
 - `sok_demo`: notebook 04's Criteo DeepFM on `sok.lookup_sparse`, on 1 or N workers
   (`python -m embedlab.sok.launch -n 2 -m embedlab.tutorials.sok_demo ...`).
+- `naive_dnn`: notebook 05's model: mock click data from a learnable click model, a naive TF DNN
+  trained on it, and `export_for_serving` (the export steps are `embedlab.hps.export`'s).
+- `hps_demo`: notebook 05's HPS tier demos (hit rate against cache size, the tier stacks timed,
+  a Redis outage) and `captured_log` (notebooks 05 and 06).
 """
