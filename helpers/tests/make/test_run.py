@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None or not (ROOT / "ci" / "run_notebooks.py").is_file(),
                                 reason="needs make and the repository checkout (ci/run_notebooks.py)")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_checkout = pytest.mark.skipif(not (ROOT / "Makefile").is_file() or not (ROOT / "ci" / "lab.sh").is_file(),
                                     reason="needs the repository checkout (Makefile, ci/lab.sh)")
 START_TIMEOUT = 240  # `make lab` runs `make setup` (up to date: seconds) before Jupyter starts; a loaded 2-core VM
