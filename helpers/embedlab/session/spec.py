@@ -215,10 +215,25 @@ def parse_model(src, *, solver_override: bool = True) -> ModelSpec:
         `top`, a `Reshape` whose `leading_dim` does not divide, a `Concat` of tensors with
         different row counts, a `Slice` range outside its input.
 
-    Example:
-        >>> spec = parse_model("wdl.json")                               # doctest: +SKIP
-        >>> [e.name for e in spec.embeddings], spec.loss.bottoms
-        (['sparse_embedding2', 'sparse_embedding1'], ['add1', 'label'])
+    Example (the dict a JSON file holds; `parse_model("wdl.json")` reads one from a file):
+        >>> data = {"name": "data", "type": "Data", "label": {"top": "label", "label_dim": 1},
+        ...         "dense": {"top": "dense", "dense_dim": 3},
+        ...         "sparse": [{"top": "s", "type": "DistributedSlot", "slot_num": 2,
+        ...                     "max_feature_num_per_sample": 2}]}
+        >>> emb = {"name": "emb", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "s", "top": "e",
+        ...        "sparse_embedding_hparam": {"max_vocabulary_size_per_gpu": 1000, "embedding_vec_size": 4,
+        ...                                    "combiner": 0}}
+        >>> dense = [{"name": "r", "type": "Reshape", "bottom": "e", "top": "r", "leading_dim": 8},
+        ...          {"name": "c", "type": "Concat", "bottom": ["r", "dense"], "top": "c"},
+        ...          {"name": "fc", "type": "InnerProduct", "bottom": "c", "top": "fc", "fc_param": {"num_output": 1}},
+        ...          {"name": "loss", "type": "BinaryCrossEntropyLoss", "bottom": ["fc", "label"], "top": "loss"}]
+        >>> spec = parse_model({"optimizer": {"type": "SGD", "sgd_hparam": {"learning_rate": 0.1}},
+        ...                     "layers": [data, emb] + dense})
+        >>> [(e.name, e.capacity, e.vec) for e in spec.embeddings]
+        [('emb', 1000, 4)]
+        >>> [(l.name, l.out_shapes) for l in spec.layers]      # doctest: +NORMALIZE_WHITESPACE
+        [('r', [T2(rows=1, cols=8)]), ('c', [T2(rows=1, cols=11)]), ('fc', [T2(rows=1, cols=1)]),
+         ('loss', [T2(rows=0, cols=1)])]
     """
     if isinstance(src, dict):
         path, raw = "<dict>", src
