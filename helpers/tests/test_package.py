@@ -215,3 +215,22 @@ def test_plugin_and_io_public_names_keep_their_old_paths():
     emb = keras.saving.deserialize_keras_object(old)
     assert type(emb) is EmbeddingLayer and emb.get_table().tolist() == [[0.5, 0.5]] * 4
     assert embedlab.session.reader.read_file_list is embedlab._io.read_file_list
+
+
+def test_session_public_names_keep_their_old_paths():
+    """embedlab.session's layers are a package (one class per layer type) and the step inputs and
+    key translation have modules of their own: the names a script may have imported still import
+    from where they were."""
+    import embedlab.session as session
+    from embedlab.session import layers, spec
+    from embedlab.session.embedding import Embedding, HostStore, KeyError_, TFOptimizer, init_values, lr_at  # noqa: F401
+    from embedlab.session.layers import DenseModel, forward_layer  # noqa: F401
+    from embedlab.session.reader import Batch, DataReader, FormatError, read_file_list, read_norm_block  # noqa: F401
+    from embedlab.session.spec import (EMBEDDING_TYPES, LAYER_TYPES, OPTIMIZER_TYPES, UPDATE_TYPES,  # noqa: F401
+                                       LayerSpec, ModelError, ModelSpec, T2, T3, parse_model)
+    for name in session.__all__:
+        assert getattr(session, name) is not None, name
+    assert session.parse_model is parse_model and session.ModelError is ModelError
+    assert spec.LAYER_TYPES[:4] == ("Data",) + EMBEDDING_TYPES
+    assert set(spec.LAYER_TYPES[4:]) == set(layers.LAYERS) and "BinaryCrossEntropyLoss" in layers.LAYERS
+    assert DenseModel.__module__ == "embedlab.session.layers.model"
