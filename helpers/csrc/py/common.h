@@ -182,6 +182,29 @@ inline int require_gpu(const std::string& fn) {
   }
   return n;
 }
+
+// Scratch memory for one call: `given` (the caller's device buffer, checked by the binding), or
+// else a stream-ordered allocation of `bytes` on `stream`, freed the same way (no
+// synchronization) when the scope ends.
+class StreamScratch {
+ public:
+  StreamScratch(const std::string& fn, void* given, size_t bytes, cudaStream_t stream) : ptr_(given), stream_(stream) {
+    if (ptr_) return;
+    cuda_check(fn, cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync of the workspace");
+    owned_ = true;
+  }
+  ~StreamScratch() {
+    if (owned_) cudaFreeAsync(ptr_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_;
+  cudaStream_t stream_;
+  bool owned_ = false;
+};
 #endif
 
 }  // namespace embedlab_py

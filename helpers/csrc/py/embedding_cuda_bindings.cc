@@ -73,36 +73,28 @@ struct DeviceGuard {
   }
 };
 
-// Scratch memory: the caller's uint8 array, or a stream-ordered allocation freed on scope exit.
+// Scratch memory of max(bytes, 256) bytes: the caller's uint8 array, checked here, or a
+// stream-ordered allocation freed on scope exit.
 class Workspace {
  public:
   Workspace(const char* fn, const std::optional<Arr>& given, size_t bytes, cudaStream_t stream, DeviceGuard& dev)
-      : fn_(fn), stream_(stream) {
-    bytes = std::max<size_t>(bytes, 256);
-    if (given) {
-      dev.add(expect<uint8_t>(fn, "workspace", *given, 1));
-      if (given->shape(0) < bytes)
-        fail(fn, "workspace has " + std::to_string(given->shape(0)) + " bytes, needs " + std::to_string(bytes));
-      ptr_ = given->data();
-    } else {
-      dev.activate();
-      cuda_check(fn, cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync of the workspace");
-      owned_ = true;
-    }
-    bytes_ = bytes;
-  }
-  ~Workspace() {
-    if (owned_) cudaFreeAsync(ptr_, stream_);
-  }
-  void* get() const { return ptr_; }
+      : bytes_(std::max<size_t>(bytes, 256)), scratch_(fn, checked(fn, given, bytes_, dev), bytes_, stream) {}
+  void* get() const { return scratch_.get(); }
   size_t bytes() const { return bytes_; }
 
  private:
-  const char* fn_;
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  bool owned_ = false;
+  static void* checked(const char* fn, const std::optional<Arr>& given, size_t bytes, DeviceGuard& dev) {
+    if (!given) {
+      dev.activate();  // the allocation goes to the arrays' device
+      return nullptr;
+    }
+    dev.add(expect<uint8_t>(fn, "workspace", *given, 1));
+    if (given->shape(0) < bytes)
+      fail(fn, "workspace has " + std::to_string(given->shape(0)) + " bytes, needs " + std::to_string(bytes));
+    return given->data();
+  }
+  size_t bytes_;
+  embedlab_py::StreamScratch scratch_;
 };
 
 std::string idx(const char* name, size_t t) { return std::string(name) + "[" + std::to_string(t) + "]"; }

@@ -92,8 +92,8 @@ void make_current(const char* fn, int device) {
   embedlab_py::cuda_check(fn, cudaSetDevice(device < 0 ? 0 : device), "cudaSetDevice");
 }
 
-// Scratch: the caller's uint8 device array (checked first, with the GIL held), or a
-// stream-ordered allocation freed on scope exit.
+// Scratch: the caller's uint8 device array (checked first, with the GIL held), or else
+// (nullptr) a StreamScratch allocation.
 void* given_workspace(const char* fn, const std::optional<Arr>& ws, size_t bytes, int* device) {
   if (!ws) return nullptr;
   if (ws->device_type() != nb::device::cuda::value || ws->dtype() != nb::dtype<uint8_t>() || ws->ndim() != 1)
@@ -105,21 +105,6 @@ void* given_workspace(const char* fn, const std::optional<Arr>& ws, size_t bytes
     fail(fn, "workspace is on device " + std::to_string(ws->device_id()) + ", keys on device " + std::to_string(*device));
   return ws->data();
 }
-
-struct Scratch {
-  void* p = nullptr;
-  cudaStream_t s;
-  bool owned = false;
-  Scratch(void* given, size_t bytes, cudaStream_t stream) : p(given), s(stream) {
-    if (p) return;
-    const cudaError_t e = cudaMallocAsync(&p, bytes, s);
-    if (e != cudaSuccess) throw std::runtime_error(std::string("routing: cudaMallocAsync failed: ") + cudaGetErrorString(e));
-    owned = true;
-  }
-  ~Scratch() {
-    if (owned) cudaFreeAsync(p, s);
-  }
-};
 
 // Bytes of scratch both calls need (the scatter keeps its status words in the last 256).
 size_t scratch_bytes(const RouteArgs& a) { return route_cuda_workspace_size(a) + 256; }
@@ -163,9 +148,9 @@ EMBEDLAB_PY_BINDINGS(routing_cuda) {
         RouteStatus st;
         {
           nb::gil_scoped_release release;
-          Scratch ws(given, bytes, s);
-          if (st_dev) route_count_cuda_async(c.args, st_dev, ws.p, bytes, s);
-          else st = route_count_cuda(c.args, ws.p, bytes, s);
+          embedlab_py::StreamScratch ws(fn, given, bytes, s);
+          if (st_dev) route_count_cuda_async(c.args, st_dev, ws.get(), bytes, s);
+          else st = route_count_cuda(c.args, ws.get(), bytes, s);
         }
         if (st_dev) return nb::none();
         if (st.bad_index >= 0)
@@ -203,10 +188,10 @@ EMBEDLAB_PY_BINDINGS(routing_cuda) {
         RouteStatus st;
         {
           nb::gil_scoped_release release;
-          Scratch ws(given, bytes, s);
+          embedlab_py::StreamScratch ws(fn, given, bytes, s);
           // without a caller's status array, the words go to the workspace's last 256 bytes
-          int64_t* words = st_dev ? st_dev : reinterpret_cast<int64_t*>(static_cast<char*>(ws.p) + bytes - 256);
-          route_scatter_cuda(c.args, stride, s_ptr, static_cast<int64_t>(send.size()), i_ptr, words, ws.p, bytes - 256,
+          int64_t* words = st_dev ? st_dev : reinterpret_cast<int64_t*>(static_cast<char*>(ws.get()) + bytes - 256);
+          route_scatter_cuda(c.args, stride, s_ptr, static_cast<int64_t>(send.size()), i_ptr, words, ws.get(), bytes - 256,
                              s);
           if (check) st = read_route_status(words, s);
         }
