@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "common.h"
+#include "csr.h"
 #include "embedding.h"
 #include "embedding_bindings.h"
 #include "registry.h"
+#include "sparse_optimizer.h"
 
 namespace nb = nanobind;
 using namespace embedlab;

@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "embedding.h"
+#include "sparse_optimizer.h"
 
 namespace embedlab_py {
 

@@ -32,6 +32,7 @@
 #include "embedding.h"
 #include "embedding_bindings.h"
 #include "registry.h"
+#include "sparse_optimizer.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
