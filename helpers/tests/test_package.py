@@ -234,3 +234,28 @@ def test_session_public_names_keep_their_old_paths():
     assert spec.LAYER_TYPES[:4] == ("Data",) + EMBEDDING_TYPES
     assert set(spec.LAYER_TYPES[4:]) == set(layers.LAYERS) and "BinaryCrossEntropyLoss" in layers.LAYERS
     assert DenseModel.__module__ == "embedlab.session.layers.model"
+
+
+def test_core_module_names_keep_their_place():
+    """`_embedlab_core` is made of one bindings file per capability (csrc/py, registered through
+    registry.h): every capability's names are on the module, the CUDA ones wherever CUDA was built."""
+    from embedlab import _native
+    core = _native.core()
+    cpu = {"lookup_forward", "lookup_forward_coo", "lookup_backward", "lookup_backward_apply",
+           "lookup_backward_apply_many", "sparse_sgd", "sparse_adagrad", "sparse_adam", "coo_to_csr",
+           "cpu_isa", "cpu_isas_built", "cuda_built", "EmbeddingCache", "HashMapStore", "HashTable",
+           "decode_norm", "route_keys"}
+    cuda = {"cuda_device_count", "_set_cuda_forward_variant", "_set_cuda_backward_variant",
+            "_cuda_backward_variant", "_cuda_forward_variant", "_gather_rows_cuda",
+            "lookup_backward_cuda_workspace_size", "lookup_forward_cuda", "lookup_backward_cuda",
+            "lookup_backward_apply_cuda", "lookup_backward_apply_multi_cuda_workspace_size",
+            "lookup_backward_apply_multi_cuda", "sparse_sgd_cuda", "sparse_adagrad_cuda", "sparse_adam_cuda",
+            "CudaEmbeddingCache", "route_cuda_workspace_size", "route_count_cuda", "route_scatter_cuda"}
+    names = {n for n in dir(core) if not n.startswith("__")}
+    assert cpu <= names, sorted(cpu - names)
+    assert core.cuda_built == _native.cuda_built()
+    if core.cuda_built:
+        assert cuda <= names, sorted(cuda - names)
+    else:
+        assert not cuda & names, sorted(cuda & names)
+    assert core.cpu_isa == _native.cpu_isa()
