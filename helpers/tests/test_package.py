@@ -223,7 +223,8 @@ def test_session_public_names_keep_their_old_paths():
     from where they were."""
     import embedlab.session as session
     from embedlab.session import layers, spec
-    from embedlab.session.embedding import Embedding, HostStore, KeyError_, TFOptimizer, init_values, lr_at  # noqa: F401
+    from embedlab.session.embedding import Embedding, HostStore, KeyError_, TFOptimizer, init_values  # noqa: F401
+    from embedlab.session.optimizer import lr_at  # noqa: F401
     from embedlab.session.layers import DenseModel, forward_layer  # noqa: F401
     from embedlab.session.reader import Batch, DataReader, FormatError, read_file_list, read_norm_block  # noqa: F401
     from embedlab.session.spec import (EMBEDDING_TYPES, LAYER_TYPES, OPTIMIZER_TYPES, UPDATE_TYPES,  # noqa: F401
@@ -234,6 +235,7 @@ def test_session_public_names_keep_their_old_paths():
     assert spec.LAYER_TYPES[:4] == ("Data",) + EMBEDDING_TYPES
     assert set(spec.LAYER_TYPES[4:]) == set(layers.LAYERS) and "BinaryCrossEntropyLoss" in layers.LAYERS
     assert DenseModel.__module__ == "embedlab.session.layers.model"
+    assert TFOptimizer.__module__ == "embedlab.session.optimizer"
 
 
 def test_core_module_names_keep_their_place():

@@ -32,8 +32,9 @@ import tensorflow as tf
 from .. import sparse_model
 from ..data.formats import read_keyset
 from . import model_files
-from .embedding import Embedding, KeyError_, TFOptimizer, lr_at
+from .embedding import Embedding, KeyError_
 from .layers import DenseModel
+from .optimizer import TFOptimizer, lr_at
 from .reader import DataReader
 from .spec import ModelError, parse_model
 from .step import StepInputs

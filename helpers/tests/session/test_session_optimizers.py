@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from embedlab.session.embedding import TFOptimizer
+from embedlab.session.optimizer import TFOptimizer
 from embedlab.session.spec import OptimizerSpec
 
 
