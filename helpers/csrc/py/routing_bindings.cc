@@ -5,7 +5,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <memory>
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -25,7 +25,6 @@ using embedlab_py::fail;
 using embedlab_py::new_array;
 
 }  // namespace
-
 
 EMBEDLAB_PY_BINDINGS(routing) {
   m.def(
