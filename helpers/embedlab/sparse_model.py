@@ -15,9 +15,10 @@ for state this one does not hold: the plugin layer's ``save`` (one checksummed f
 :mod:`embedlab.plugin.checkpoint`) and SOK's ``dump`` (tables with their optimizer slots,
 :mod:`embedlab.sok.checkpoint`).
 
-Writes are atomic (a temporary folder renamed into place with :func:`embedlab._io.atomic_dir`;
-a crash leaves the previous model intact). Reads check that the files agree in length and with
-the expected dim, and name the file and the sizes when they do not.
+Writes are atomic and durable (a temporary folder, flushed to disk, then renamed into place
+with :func:`embedlab._io.atomic_dir`: a crash or a power loss leaves the previous model
+intact). Reads check that the files agree in length and with the expected dim, and name the
+file and the sizes when they do not.
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def write_sparse_model(path, keys, vectors, slot_ids=None, *, check_unique: bool
             raise SparseModelError(
                 f"write_sparse_model: key {int(dup)} appears more than once ({n - uniq.shape[0]} duplicates); "
                 f"a sparse model holds one row per key")
-    with atomic_dir(Path(path)) as tmp:
+    with atomic_dir(Path(path), fsync=True) as tmp:
         keys.tofile(tmp / KEY_FILE)
         with open(tmp / VECTOR_FILE, "wb") as f:
             for lo in range(0, n, chunk_rows):

@@ -47,6 +47,20 @@ def test_rewrite_is_atomic_and_replaces(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]      # no temporary folders left
 
 
+def test_write_is_flushed_to_disk_before_the_rename(tmp_path, monkeypatch):
+    import embedlab._io as io
+    synced, renamed = [], []
+    real_fsync, real_replace = io.os.fsync, io.os.replace
+    monkeypatch.setattr(io.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                    real_fsync(fd)))
+    monkeypatch.setattr(io.os, "replace", lambda a, b: (renamed.append((len(synced), str(b))), real_replace(a, b)))
+    d = tmp_path / "t"
+    write_sparse_model(d, [1, 2], np.ones((2, 4), np.float32), slot_ids=[0, 1])
+    # key, emb_vector, slot_id and their folder, all before the rename; the parent folder after it
+    assert renamed == [(4, str(d))] and len(synced) == 5 and synced[-1] == str(tmp_path)
+    assert sorted(os.path.basename(p) for p in synced[:3]) == ["emb_vector", "key", "slot_id"]
+
+
 def test_bad_files_are_named(tmp_path):
     d = tmp_path / "t"
     write_sparse_model(d, np.arange(10), np.ones((10, 8), np.float32))
