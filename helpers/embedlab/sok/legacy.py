@@ -256,9 +256,9 @@ class Saver:
         if _context.rank() == 0:
             try:
                 Path(filepath).mkdir(parents=True, exist_ok=True)
-                with atomic_file(Path(filepath) / f"{name}_keys.file") as tmp:
+                with atomic_file(Path(filepath) / f"{name}_keys.file", fsync=True) as tmp:
                     keys.astype(np.int64).tofile(tmp)
-                with atomic_file(Path(filepath) / f"{name}_values.file") as tmp:
+                with atomic_file(Path(filepath) / f"{name}_values.file", fsync=True) as tmp:
                     rows.astype(np.float32).tofile(tmp)
             except Exception as e:
                 ok, err = False, e
