@@ -1,4 +1,4 @@
-"""`Session` and `solver_parser_helper`: HugeCTR v2.3's Python training interface.
+"""`Session`: HugeCTR v2.3's Python training interface (the solver arguments: `solver.py`).
 
     from embedlab.session import Session, solver_parser_helper
     solver = solver_parser_helper(batchsize=16384, repeat_dataset=False)
@@ -22,92 +22,22 @@ background thread, so the step only sees row indices.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 import tensorflow as tf
 
 from .. import sparse_model
-from ..data.formats import read_keyset
 from . import model_files
-from .embedding import Embedding, KeyError_
+from .embedding import Embedding
 from .layers import DenseModel
 from .optimizer import TFOptimizer, lr_at
+from .oversubscription import ModelOversubscriber, _fixed_mmap_threshold
 from .reader import DataReader
+from .solver import SolverConfig, solver_parser_helper
 from .spec import ModelError, parse_model
 from .step import StepInputs
 from .translate import KeyTranslation
 
 __all__ = ["Session", "SolverConfig", "solver_parser_helper", "ModelOversubscriber", "auc"]
-
-
-@dataclass
-class SolverConfig:
-    """What `solver_parser_helper` returns (HugeCTR's `SolverParser`)."""
-    seed: int = 0
-    batchsize_eval: int = 16384
-    batchsize: int = 16384
-    model_file: str = ""
-    embedding_files: list = field(default_factory=list)
-    vvgpu: list = field(default_factory=lambda: [[0]])
-    use_mixed_precision: bool = False
-    scaler: float = 1.0
-    i64_input_key: bool = False
-    use_algorithm_search: bool = True
-    use_cuda_graph: bool = True
-    repeat_dataset: bool = False
-    max_eval_batches: int | None = None
-
-
-def solver_parser_helper(seed=0, batchsize_eval=16384, batchsize=16384, model_file="", embedding_files=(),
-                         vvgpu=((0,),), use_mixed_precision=False, scaler=1.0, i64_input_key=False,
-                         use_algorithm_search=True, use_cuda_graph=True, repeat_dataset=False,
-                         max_eval_batches=None) -> SolverConfig:
-    """The solver configuration (replaces the JSON's `solver` clause), HugeCTR v2.3's arguments.
-
-    Args:
-        seed: initializes the dense weights, the embedding rows (per key) and dropout.
-        batchsize_eval, batchsize: samples per evaluation / training batch.
-        model_file: a dense model file to start from ('' = fresh weights).
-        embedding_files: one sparse model folder per embedding to start from ([] = fresh).
-        vvgpu: the devices. Without GPUs (what TensorFlow sees), one device: `[[0]]`. With GPUs,
-            one GPU id; the Session trains on one device.
-        use_mixed_precision, scaler: float16 dense compute with this loss scale.
-        i64_input_key: the data files hold int64 keys (else uint32).
-        use_algorithm_search, use_cuda_graph: cuBLAS algorithm search and CUDA graphs in HugeCTR;
-            accepted and reported by `Session.summary()`, they change nothing here.
-        repeat_dataset: False: `train()` returns False at the end of the file list.
-        max_eval_batches: batches per `evaluation()` (None: the JSON solver's `eval_batches`,
-            else the whole evaluation list).
-
-    Example:
-        >>> cfg = solver_parser_helper(batchsize=512, batchsize_eval=512)
-        >>> cfg.batchsize, cfg.repeat_dataset
-        (512, False)
-    """
-    def _int(name, v, lo=1):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"solver_parser_helper: {name} must be an integer >= {lo}, got {v!r}")
-        return int(v)
-
-    vv = [list(x) for x in vvgpu]
-    if not vv or not all(vv) or not all(isinstance(g, (int, np.integer)) and g >= 0 for x in vv for g in x):
-        raise ValueError(f"solver_parser_helper: vvgpu must be a list of device-id lists like [[0]], got {vvgpu!r}")
-    if not isinstance(scaler, (int, float)) or scaler <= 0:
-        raise ValueError(f"solver_parser_helper: scaler must be > 0, got {scaler!r}")
-    emb = list(embedding_files)
-    if not all(isinstance(e, (str, Path)) for e in emb):
-        raise ValueError(f"solver_parser_helper: embedding_files must be a list of paths, got {embedding_files!r}")
-    return SolverConfig(seed=_int("seed", seed, 0), batchsize_eval=_int("batchsize_eval", batchsize_eval),
-                        batchsize=_int("batchsize", batchsize), model_file=str(model_file or ""),
-                        embedding_files=[str(e) for e in emb], vvgpu=vv,
-                        use_mixed_precision=bool(use_mixed_precision), scaler=float(scaler),
-                        i64_input_key=bool(i64_input_key), use_algorithm_search=bool(use_algorithm_search),
-                        use_cuda_graph=bool(use_cuda_graph), repeat_dataset=bool(repeat_dataset),
-                        max_eval_batches=None if max_eval_batches is None else _int("max_eval_batches",
-                                                                                   max_eval_batches))
 
 
 def auc(labels, scores) -> float:
@@ -127,77 +57,11 @@ def auc(labels, scores) -> float:
     return float((ranks[labels].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
-def _fixed_mmap_threshold(nbytes: int = 1 << 20):
-    """Makes glibc serve allocations >= nbytes with their own mappings, returned to the OS when
-    freed. glibc's default threshold rises to the largest block freed so far, after which the
-    reader's per-file temporaries (tens of MB) stay in the heap and the resident set creeps up
-    pass after pass; with oversubscription the resident set must track the working set.
-    Process-wide (mallopt M_MMAP_THRESHOLD); glibc only, a no-op elsewhere."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes))
-    except (OSError, AttributeError):
-        pass
-
-
-def _malloc_trim():
-    """Gives the heap memory freed by a pass switch (and by the reader thread's arena) back to
-    the OS, so that the resident set tracks the working set (glibc only; a no-op elsewhere)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @tf.custom_gradient
 def _scale_grad(x, s):
     def grad(dy):
         return dy * s, None
     return tf.identity(x), grad
-
-
-class ModelOversubscriber:
-    """HugeCTR's `ModelPrefetcher` / `ModelOversubscriber`: `update(keyset_file | [keyset_files])`.
-
-    Writes the working rows of the previous pass (values and optimizer state) back to the host
-    store and loads exactly the rows of the keysets' keys into the working tables. Keys of the
-    keysets that no store holds yet (never trained) are admitted: they take a fresh row, with
-    their initial vector, when training first meets them. A training key outside the loaded
-    keysets is an error naming the key, the slot and the file list.
-    """
-
-    def __init__(self, session):
-        self._s = session
-        self.switches = []              # [{"bytes", "seconds", "keys"}] per update()
-
-    def update(self, keyset_files):
-        files = [keyset_files] if isinstance(keyset_files, (str, Path)) else list(keyset_files)
-        if not files:
-            raise ValueError("ModelOversubscriber.update: no keyset file given")
-        kt = "int64" if self._s.solver.i64_input_key else "uint32"
-        parts = []
-        for f in files:
-            if not Path(f).is_file():
-                raise FileNotFoundError(f"ModelOversubscriber.update: keyset file {f} does not exist")
-            parts.append(read_keyset(f, key_type=kt).astype(np.int64))
-        keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-            keys = np.unique(keys)
-        hashes = [e for e in self._s.embeddings if e.oversub]
-        total_cap = sum(e.capacity for e in hashes)
-        if len(keys) > total_cap:
-            raise KeyError_(f"ModelOversubscriber.update: the keysets {files} hold {len(keys)} keys, more than "
-                            f"the working tables hold together ({total_cap} = sum of "
-                            "max_vocabulary_size_per_gpu); nothing was loaded")
-        t0 = time.perf_counter()
-        moved = 0
-        for e in hashes:
-            moved += e.load_keyset(keys, [str(f) for f in files])
-        dt = time.perf_counter() - t0
-        self.switches.append({"bytes": moved, "seconds": dt, "keys": int(len(keys))})
-        _malloc_trim()
-        return moved
 
 
 class Session:
