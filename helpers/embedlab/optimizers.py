@@ -203,8 +203,13 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
     """Plain SGD (no momentum): `w[i] -= learning_rate * g[i]` on touched rows.
 
     Example:
-        >>> opt = SGD(learning_rate=0.1)
-        >>> opt.apply_gradients([(grad, table)])   # grad: tf.IndexedSlices
+        >>> import tensorflow as tf
+        >>> table = tf.Variable(tf.ones([4, 2]))
+        >>> grad = tf.IndexedSlices(tf.fill([1, 2], 2.0), tf.constant([3]), tf.constant([4, 2]))
+        >>> opt = SGD(learning_rate=0.25)
+        >>> _ = opt.apply_gradients([(grad, table)])
+        >>> table.numpy()[:, 0].tolist()
+        [1.0, 1.0, 1.0, 0.5]
     """
 
     def __init__(self, learning_rate=0.01, name="embedlab_sgd", fuse_lookup_backward=True, **kwargs):

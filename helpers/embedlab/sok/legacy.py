@@ -163,6 +163,7 @@ def get_embedding(name, constructor=None, **kwargs):
     layer and ignore `constructor` and `kwargs`.
 
     Example:
+        >>> import embedlab.sok as sok
         >>> emb = sok.get_embedding("Emb", sok.All2AllDenseEmbedding, max_vocabulary_size_per_gpu=1024,
         ...                         embedding_vec_size=16, slot_num=10, nnz_per_slot=1)
         >>> sok.get_embedding("Emb") is emb

@@ -64,7 +64,8 @@ def guide_batches(global_batch_size, steps, slot_num=10, nnz_per_slot=5, vocabul
     takes its own slice.
 
     Example:
-        >>> for inputs, labels in guide_batches(256, steps=40): ...
+        >>> [(x.shape, y.shape) for x, y in guide_batches(256, steps=2)]
+        [((256, 10, 5), (256, 1)), ((256, 10, 5), (256, 1))]
     """
     rng = np.random.default_rng(seed)
     vocabulary = rng.integers(0, 2**40, size=vocabulary_size)
