@@ -296,8 +296,16 @@ class ParameterServer:
         max_retry_seconds: the longest it is skipped while an outage lasts.
 
     Example:
-        >>> ps = ParameterServer("hps.json")                    # doctest: +SKIP
-        >>> vectors = ps.lookup("demo", 0, np.array([1, 5, 7]))  # doctest: +SKIP
+        >>> import json, numpy as np
+        >>> from embedlab.sparse_model import write_sparse_model
+        >>> _ = write_sparse_model("demo.model", np.arange(10), np.arange(20, dtype=np.float32).reshape(10, 2))
+        >>> with open("hps.json", "w") as f:
+        ...     json.dump({"models": [{"model": "demo", "sparse_files": ["demo.model"],
+        ...                             "embedding_vecsize_per_table": [2]}]}, f)
+        >>> ps = ParameterServer("hps.json")
+        >>> ps.lookup("demo", 0, np.array([1, 5, 7])).tolist()
+        [[2.0, 3.0], [10.0, 11.0], [14.0, 15.0]]
+        >>> ps.close()
     """
 
     def __init__(self, ps_config, retry_seconds: float = 0.5, max_retry_seconds: float = 8.0):
