@@ -465,7 +465,9 @@ class EmbeddingLayer(keras.layers.Layer):
             The path written.
 
         Example:
-            >>> emb.save("/tmp/emb.bin"); emb.restore("/tmp/emb.bin")     # doctest: +SKIP
+            >>> emb = EmbeddingLayer(4, 2, 1, 1, initializer=0.5)
+            >>> emb.save("emb.bin"); emb.restore("emb.bin")
+            PosixPath('emb.bin')
         """
         return checkpoint.write_table(path, self.get_table(), self.name)
 
