@@ -1,8 +1,7 @@
 """The `>>>` examples in the package's docstrings, run as doctests on the installed package.
 
 One test per module that has examples (the files of the installed `embedlab`, found without
-importing them; module aliases are left out, their target module is tested under its own
-name). Each runs in a fresh temporary working directory, so an example that writes files
+importing them). Each runs in a fresh temporary working directory, so an example that writes files
 leaves nothing behind, with ELLIPSIS and NORMALIZE_WHITESPACE. An example marked
 `# doctest: +SKIP` is not run: it needs what a test run does not have (a Triton server, a
 Redis, a trained export, a Dask cluster, a GPU, a fresh process); a module whose examples are
@@ -13,7 +12,6 @@ from __future__ import annotations
 import doctest
 import importlib
 import os
-import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ import pytest
 import embedlab
 
 _PKG = Path(embedlab.__file__).resolve().parent
-_ALIAS = re.compile(r"^sys\.modules\[__name__\] = ", re.M)
 
 
 def _modules_with_examples() -> list[str]:
@@ -30,7 +27,7 @@ def _modules_with_examples() -> list[str]:
         if path.name == "__main__.py":
             continue
         text = path.read_text(encoding="utf-8")
-        if ">>>" not in text or _ALIAS.search(text):
+        if ">>>" not in text:
             continue
         parts = path.relative_to(_PKG.parent).with_suffix("").parts
         names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))

@@ -157,6 +157,13 @@ def test_tutorial_helpers_keep_their_old_paths():
     from embedlab.hps import demo as hdemo, export
     from embedlab.sok import demo as sdemo, demo_guide
     assert (hdemo, sdemo, demo_guide) == (hps_demo, sok_demo, sok_guide)
+    import embedlab.hps.demo
+    import embedlab.sok.demo_guide
+    assert embedlab.hps.demo is hps_demo and embedlab.sok.demo_guide is sok_guide
+    for m in (training, session_lab, hps_demo, sok_demo, sok_guide):   # still their own modules
+        assert m.__spec__.name == m.__name__ and m.__name__.startswith("embedlab.tutorials."), m
+    for old_path in ("models/training.py", "session/lab.py", "sok/demo.py", "sok/demo_guide.py", "hps/demo.py"):
+        assert not (Path(embedlab.__file__).parent / old_path).exists(), old_path   # no tutorial code there
     for name in ("DemoArgs", "demo_args", "ClickModel", "generate_samples", "evaluate", "train_naive_dnn",
                  "write_manifest", "export_for_serving"):
         assert getattr(export, name) is getattr(naive_dnn, name), name
