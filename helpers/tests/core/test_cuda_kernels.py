@@ -1,4 +1,5 @@
-"""The CUDA kernels (csrc/core/embedding_cuda.cu) through `_embedlab_core`'s DLPack functions.
+"""The CUDA kernels (csrc/core/embedding_cuda.cu, sparse_optimizer_cuda.cu) through
+`_embedlab_core`'s DLPack functions.
 
 Each CUDA kernel is compared with the CPU kernel of the same module and with a float64 NumPy
 oracle, on fresh random inputs: empty rows, -1 padding, duplicate keys, Zipf-skewed hot keys
