@@ -91,7 +91,8 @@ class _GuardedTier:
     it; after that one caller at a time tries it (the others go on skipping it), and only that
     caller marks it back. Rows updated while it was down (``forget``) are erased from it before
     it is marked back, those remembered during the try included, so it never serves their old
-    values once it is up.
+    values once it is up. A read that began before an outage and fails after the tier is back
+    counts as an error of that outage, not as a new one.
     """
 
     def __init__(self, which: str, tier, stats: _TierStats, server: "ParameterServer"):
@@ -100,6 +101,7 @@ class _GuardedTier:
         self._lock = server._lock
         self._probing = False
         self._dirty: list = []      # (table, keys) to erase from the tier before it serves again
+        self._phase = 0             # +1 each time the tier is marked down or back
 
     @property
     def kind(self) -> str:
@@ -110,6 +112,7 @@ class _GuardedTier:
         and, when given, remembers the rows ``remember`` = (table, keys) to erase later."""
         st = self.stats
         with self._lock:
+            phase = self._phase
             probe = st.down_since is not None
             if probe:
                 if self._probing or time.monotonic() - st.down_since < st.retry_after:
@@ -142,7 +145,13 @@ class _GuardedTier:
             with self._lock:
                 st.errors += 1
                 st.last_error = str(e)
+                if st.down_since is None and phase != self._phase and remember is None:
+                    # A read that began before an outage which has ended since (a try found the
+                    # tier back meanwhile): its failure belongs to that outage. The tier stays in
+                    # use; if it fails again, the next call marks it down.
+                    return fallback
                 if st.down_since is None:
+                    self._phase += 1
                     st.outages += 1
                     st.outage_start = time.monotonic()
                     st.retry_after = self._server.retry_seconds
@@ -174,6 +183,7 @@ class _GuardedTier:
                         log.warning("HPS %s tier (%s) is back after %.1f s", self.which, self.kind,
                                     time.monotonic() - st.outage_start)
                         st.down_since = None
+                        self._phase += 1
                     return
                 dirty, self._dirty = self._dirty, []
             done = 0
