@@ -1,11 +1,14 @@
-"""What the GPU benchmarks (lookup_gpu.py, hps_gpu.py) share: the framework-free module, the
-GPU's description, and where the JSON goes ($OUT on the device machine, else results/)."""
+"""What the GPU benchmarks (lookup_gpu.py, hps_gpu.py, sok.py --mode gpu-routing) share: the
+framework-free module, the CUDA-event timer, the GPU's description, and where the JSON goes
+($OUT on the device machine, else results/)."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 import _results
 
@@ -23,6 +26,29 @@ def load_core():
     except Exception:
         import _embedlab_core
         return _embedlab_core
+
+
+def events_ms(torch, fn, reps, inner=10, warmup=3, setup=None) -> float:
+    """Median over reps of (time between CUDA events around `inner` back-to-back fn() calls) / inner.
+
+    Back-to-back calls let the host's per-call overhead (argument checks, DLPack import,
+    PyTorch's dispatcher) overlap the previous call's GPU work, as in a training loop; both
+    sides of a comparison get the same treatment. setup(), when given, runs untimed before each
+    rep; the first `warmup` reps are not counted.
+    """
+    times = []
+    for i in range(warmup + reps):
+        if setup is not None:
+            setup()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(inner):
+            fn()
+        b.record()
+        b.synchronize()
+        if i >= warmup:
+            times.append(a.elapsed_time(b) / inner)
+    return float(np.median(times))
 
 
 def gpu_info(torch) -> dict:

@@ -60,18 +60,19 @@ def _embedlab():
 
 def run_embedlab(config: str, src: str, dst: str) -> dict:
     _embedlab()
-    from embedlab.data import criteo, criteo_dask
+    from embedlab.data import criteo
+    from embedlab.data.criteo import etl_dask
     kw = dict(split=None, freq_threshold=FREQ_THRESHOLD, chunk_bytes=CHUNK_BYTES, progress=False)
     if config == "single":
         t0 = time.perf_counter()
         res = criteo.preprocess(src, dst, **kw)
         return {"seconds": time.perf_counter() - t0, "rows": sum(res.rows.values())}
     n = int(config[len("dask"):])
-    with criteo_dask.local_client(n) as client:
+    with etl_dask.local_client(n) as client:
         t0 = time.perf_counter()
         res = criteo.preprocess(src, dst, client=client, **kw)
         seconds = time.perf_counter() - t0
-        peak = criteo_dask.worker_peak_rss(client)
+        peak = etl_dask.worker_peak_rss(client)
     meta = json.loads((Path(dst) / "metadata.json").read_text())
     return {"seconds": seconds, "rows": sum(res.rows.values()),
             "worker_peak_rss": sorted(peak.values()), "dask": meta["dask"]}

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "embedding.h"
+#include "sparse_optimizer.h"
 #include "thread_pool.h"
 
 namespace {

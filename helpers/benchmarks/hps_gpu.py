@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpu import gpu_info, load_core, out_path  # noqa: E402
+from _gpu import events_ms, gpu_info, load_core, out_path  # noqa: E402
 
 
 def graph_ms(torch, calls, reps, warmup=3):
@@ -60,30 +60,15 @@ def graph_ms(torch, calls, reps, warmup=3):
     with torch.cuda.graph(g):
         for f in calls:
             f()
-    times = []
-    for i in range(warmup + reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        if i >= warmup:
-            times.append(a.elapsed_time(b) / len(calls))
-    return float(np.median(times))
+    return events_ms(torch, g.replay, reps, inner=1, warmup=warmup) / len(calls)
 
 
 def eager_ms(torch, calls, reps, warmup=3):
-    times = []
-    for i in range(warmup + reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
+    """Median ms per call of the calls launched one after the other (no graph)."""
+    def all_calls():
         for f in calls:
             f()
-        b.record()
-        b.synchronize()
-        if i >= warmup:
-            times.append(a.elapsed_time(b) / len(calls))
-    return float(np.median(times))
+    return events_ms(torch, all_calls, reps, inner=1, warmup=warmup) / len(calls)
 
 
 def full_lookup_ms(torch, cache, qkeys, absent, out, args):

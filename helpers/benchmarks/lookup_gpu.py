@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _gpu import gpu_info, load_core, out_path  # noqa: E402
+from _gpu import events_ms, gpu_info, load_core, out_path  # noqa: E402
 
 
 class Timer:
@@ -48,27 +48,10 @@ class Timer:
         self.torch, self.reps, self.warmup = torch, reps, warmup
 
     def median_ms(self, fn, setup=None, inner=None):
-        """Median over reps of (time between events around `inner` back-to-back fn() calls) / inner.
-
-        Back-to-back calls let the host's per-call overhead (argument checks, DLPack import,
-        PyTorch's dispatcher) overlap the previous call's GPU work, as in a training loop; both
-        sides get the same treatment. With setup() (run untimed before each rep) inner is 1.
-        """
-        t = self.torch
+        """_gpu.events_ms with this run's reps and warm-up; inner is 10 back-to-back calls, or 1
+        with setup() (run untimed before each rep)."""
         inner = inner or (1 if setup is not None else 10)
-        times = []
-        for i in range(self.warmup + self.reps):
-            if setup is not None:
-                setup()
-            a, b = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(inner):
-                fn()
-            b.record()
-            b.synchronize()
-            if i >= self.warmup:
-                times.append(a.elapsed_time(b) / inner)
-        return float(np.median(times))
+        return events_ms(self.torch, fn, self.reps, inner=inner, warmup=self.warmup, setup=setup)
 
 
 def zipf_keys(rng, n, rows, alpha=1.05):

@@ -40,7 +40,7 @@ def _one_measure(kind, jp, lists, tfr, vocabulary, hidden, batch, lr):
     """samples/s of one configuration (run in a fresh process, see `throughput`)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from embedlab.session import Session, solver_parser_helper
-    from embedlab.session import lab
+    from embedlab.tutorials import session_lab as lab
     if kind == "keras":
         model = lab.keras_wdl(vocabulary, hidden=hidden, lr=lr)
         ds = lab.keras_wdl_dataset(str(tfr), batch)
@@ -57,7 +57,7 @@ def throughput(work, rows, batch, hidden_list, lr=1e-3, freq_threshold=6, repeat
     next by up to 20 %), the three interleaved over `repeats` rounds; medians."""
     import multiprocessing as mp
     from embedlab.data import formats
-    from embedlab.session import lab
+    from embedlab.tutorials import session_lab as lab
     meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5, freq_threshold=freq_threshold)
     tfr = work / f"train_{rows}_f{freq_threshold}.tfrecord"
     if not tfr.exists():
@@ -107,7 +107,7 @@ def step_breakdown(work, rows, batch, hidden, freq_threshold=6):
     step's inputs, and the compiled step itself (forward, backward, updates)."""
     import tensorflow as tf
     from embedlab.session import Session, solver_parser_helper
-    from embedlab.session import lab
+    from embedlab.tutorials import session_lab as lab
     meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5, freq_threshold=freq_threshold)
     jp = work / f"wdl_{hidden}_Global.json"
     sess = Session(solver_parser_helper(batchsize=batch, seed=0, repeat_dataset=True), str(jp))
@@ -139,7 +139,7 @@ def oversubscription(work, capacity, factor, vec, batch, passes):
     import threading
     from embedlab.data import formats
     from embedlab.session import Session, solver_parser_helper
-    from embedlab.session import lab
+    from embedlab.tutorials import session_lab as lab
     rng = np.random.default_rng(0)
     d = work / "over"
     d.mkdir(exist_ok=True)

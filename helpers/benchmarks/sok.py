@@ -224,27 +224,12 @@ def run_workers(args):
     return json.loads(path.read_text())
 
 
-def _events_ms(torch, fn, reps, inner=10, warmup=3):
-    """Median over reps of (CUDA-event time around `inner` back-to-back fn() calls) / inner."""
-    times = []
-    for i in range(warmup + reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        if i >= warmup:
-            times.append(a.elapsed_time(b) / inner)
-    return float(np.median(times))
-
-
 def run_gpu_routing(args):
     """The CUDA routing pair (count + scatter) against a PyTorch argsort bucketing with the same
     output, and the memory floor of the bytes it must move, in one run."""
     import torch
     sys.path.insert(0, str(HERE))
-    from _gpu import gpu_info, load_core
+    from _gpu import events_ms, gpu_info, load_core
     core = load_core()
     info = gpu_info(torch)
     res = {"mode": "gpu-routing", "device": torch.cuda.get_device_name(), "info": info, "runs": []}
@@ -253,7 +238,7 @@ def run_gpu_routing(args):
     n_copy = 1 << 28
     src = torch.randn(n_copy, device="cuda")
     dst = torch.empty_like(src)
-    copy_gbs = 2 * 4 * n_copy / (_events_ms(torch, lambda: dst.copy_(src), args.repeats, inner=3) * 1e-3) / 1e9
+    copy_gbs = 2 * 4 * n_copy / (events_ms(torch, lambda: dst.copy_(src), args.repeats, inner=3) * 1e-3) / 1e9
     del src, dst
     res["copy_gb_per_s"] = copy_gbs
     print(f"{info['gpu']}: device copy {copy_gbs:,.0f} GB/s (read + write)")
@@ -329,10 +314,10 @@ def run_gpu_routing(args):
             _, m = core.route_count_cuda(dk, offsets, modes, rows, ranks, n, counts, stream, **wkw)
             core.route_scatter_cuda(dk, offsets, modes, rows, ranks, n, counts, m, send_p, inv, stream, **wkw)
 
-        ms = _events_ms(torch, ours, args.repeats)
-        ms_torch = _events_ms(torch, theirs, args.repeats)
-        ms_padded = _events_ms(torch, ours_padded, args.repeats)
-        ms2 = _events_ms(torch, ours, args.repeats)  # again: the spread between two timings of the same code
+        ms = events_ms(torch, ours, args.repeats)
+        ms_torch = events_ms(torch, theirs, args.repeats)
+        ms_padded = events_ms(torch, ours_padded, args.repeats)
+        ms2 = events_ms(torch, ours, args.repeats)  # again: the spread between two timings of the same code
         floor_bytes = nnz * 8 * 3  # keys read, send and inverse written, once each
         floor_ms = floor_bytes / (copy_gbs * 1e9) * 1e3
         run = {"owners": n, "tables": T, "keys": int(nnz), "routed": total, "asynchronous_pair": asynchronous,

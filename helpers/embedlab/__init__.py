@@ -11,6 +11,10 @@ import importlib as _importlib
 import pkgutil as _pkgutil
 from pathlib import Path as _Path
 
+from . import _aliases
+
+_aliases.install()      # old module paths of the notebooks' helpers (embedlab.tutorials)
+
 __version__ = "0.1.0"
 
 # Functions loaded on first use, from the private module that holds them.

@@ -202,7 +202,7 @@ def cuda_built() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def core():
-    """The framework-free module ``embedlab._embedlab_core`` (see csrc/py/module.cc)."""
+    """The framework-free module ``embedlab._embedlab_core`` (csrc/py: one <capability>_bindings.cc each)."""
     check_cpu_isa()
     try:
         return importlib.import_module("embedlab._embedlab_core")

@@ -148,6 +148,17 @@ class _SparseMixin:
                     [v for _, v in members], learning_rate)
         return rest
 
+    def slot_variables(self, variable) -> list:
+        """The state this optimizer keeps for `variable` (it must be built for it), as
+        `tf.Variable`s in the order the compiled kernels take them: Adam [m, v], Adagrad
+        [accumulator], SGD []. Writing them (e.g. restoring rows) changes the optimizer's state."""
+        i = self._slot_index(variable)
+        return [s[i].value if isinstance(s[i], keras.Variable) else s[i] for s in self._slot_lists()]
+
+    def _slot_lists(self):
+        """The Keras per-variable state lists, in the compiled kernels' order."""
+        raise NotImplementedError
+
     def _slot_index(self, variable):
         try:
             return self._get_variable_index(variable)
@@ -192,8 +203,13 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
     """Plain SGD (no momentum): `w[i] -= learning_rate * g[i]` on touched rows.
 
     Example:
-        >>> opt = SGD(learning_rate=0.1)
-        >>> opt.apply_gradients([(grad, table)])   # grad: tf.IndexedSlices
+        >>> import tensorflow as tf
+        >>> table = tf.Variable(tf.ones([4, 2]))
+        >>> grad = tf.IndexedSlices(tf.fill([1, 2], 2.0), tf.constant([3]), tf.constant([4, 2]))
+        >>> opt = SGD(learning_rate=0.25)
+        >>> _ = opt.apply_gradients([(grad, table)])
+        >>> table.numpy()[:, 0].tolist()
+        [1.0, 1.0, 1.0, 0.5]
     """
 
     def __init__(self, learning_rate=0.01, name="embedlab_sgd", fuse_lookup_backward=True, **kwargs):
@@ -206,6 +222,9 @@ class SGD(_SparseMixin, keras.optimizers.SGD):
 
     def _slot_handles(self, variables):
         return "sgd", []
+
+    def _slot_lists(self):
+        return []
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
@@ -225,6 +244,9 @@ class Adagrad(_SparseMixin, keras.optimizers.Adagrad):
 
     def _slot_handles(self, variables):
         return "adagrad", [_handle(self._accumulators[self._slot_index(v)]) for v in variables]
+
+    def _slot_lists(self):
+        return [self._accumulators]
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)
@@ -249,6 +271,9 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
     def _slot_handles(self, variables):
         pos = [self._slot_index(v) for v in variables]
         return "adam", ([_handle(self._momentums[i]) for i in pos] + [_handle(self._velocities[i]) for i in pos])
+
+    def _slot_lists(self):
+        return [self._momentums, self._velocities]
 
     def _sparse_apply(self, grads, variables, learning_rate):
         idx, vals = self._parts(grads)

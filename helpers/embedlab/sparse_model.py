@@ -6,13 +6,17 @@ A sparse model is a folder holding
 * ``emb_vector``: float32 x ``dim`` per key, in the same order, no header;
 * ``slot_id`` (localized embeddings only): the slot each key belongs to, int64 per key.
 
-1,000 keys at dim 16 are 8,000 + 64,000 bytes. Every writer of embedding tables in EmbedLab
-(the plugin's ``save``, the Session's ``download_params_to_files``, SOK's export, notebooks)
-goes through :func:`write_sparse_model`, and every reader (the HPS loader, the Session's
-``embedding_files``) through :func:`read_sparse_model`, so a model trained anywhere in the
-project is served by the HPS without conversion.
+1,000 keys at dim 16 are 8,000 + 64,000 bytes. The Session's ``download_params_to_files``,
+the HPS training-export workflow (notebook 05) and the notebooks (a plugin layer's
+``get_table()``, for instance) write sparse models with :func:`write_sparse_model`; the HPS
+loader and the Session's ``embedding_files`` read them with :func:`read_sparse_model`, so what
+those write is served by the HPS without conversion. Two writers keep formats of their own,
+for state this one does not hold: the plugin layer's ``save`` (one checksummed file,
+:mod:`embedlab.plugin.checkpoint`) and SOK's ``dump`` (tables with their optimizer slots,
+:mod:`embedlab.sok.checkpoint`).
 
-Writes are atomic (a temporary folder renamed into place; a crash leaves the previous model
+Writes are atomic and durable (a temporary folder, flushed to disk, then renamed into place
+with :func:`embedlab._io.atomic_dir`: a crash or a power loss leaves the previous model
 intact). Reads check that the files agree in length and with the expected dim, and name the
 file and the sizes when they do not.
 """
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data._atomic import atomic_dir
+from ._io import atomic_dir
 
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
@@ -120,7 +124,7 @@ def write_sparse_model(path, keys, vectors, slot_ids=None, *, check_unique: bool
             raise SparseModelError(
                 f"write_sparse_model: key {int(dup)} appears more than once ({n - uniq.shape[0]} duplicates); "
                 f"a sparse model holds one row per key")
-    with atomic_dir(Path(path)) as tmp:
+    with atomic_dir(Path(path), fsync=True) as tmp:
         keys.tofile(tmp / KEY_FILE)
         with open(tmp / VECTOR_FILE, "wb") as f:
             for lo in range(0, n, chunk_rows):

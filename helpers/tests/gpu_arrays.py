@@ -2,11 +2,13 @@
 
 The CUDA kernels are tested through `_embedlab_core`'s DLPack functions, so the tests need
 device arrays and the caller's stream, not a framework. `find_device(core, needs)` returns a
-`Device` (or None and the reason to skip). On the GPU machine the module is often a
+`Device` (or None and the reason to skip); `needs_gpu(needs)` is the (bool, reason) that the
+`needs_gpu` marker of conftest.py skips on. On the GPU machine the module is often a
 standalone cmake build on PYTHONPATH (`EMBEDLAB_CORE_STANDALONE=1`); `load_core()` finds it.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -96,3 +98,11 @@ def find_device(core, needs: str = "cuda_device_count"):
         except Exception:
             continue
     return None, "neither PyTorch nor CuPy with CUDA is importable"
+
+
+@functools.lru_cache(maxsize=None)
+def needs_gpu(needs: str = "cuda_device_count") -> tuple[bool, str]:
+    """(True, "") where the module loads, has CUDA kernels (attribute `needs`), a GPU is visible
+    and PyTorch or CuPy can put arrays on it; otherwise (False, the reason to skip)."""
+    _, dev, reason = core_and_device(needs)
+    return dev is not None, reason

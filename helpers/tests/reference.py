@@ -9,29 +9,44 @@
 * `random_csr`, `csr_lookup`, `csr_lookup_grad`: raw CSR inputs (empty rows, -1 padding,
   duplicates, optional Zipf-skewed keys) and vectorised float64 oracles over them, for the
   kernel-level tests of the framework-free module (CPU and CUDA).
-* `seeded_rng`: a fresh seed per test run, printed so that a failure can be replayed with
-  `EMBEDLAB_TEST_SEED=<seed>`.
+* `seeded_rng` / `fresh_seed`: one fresh seed per test run (each test draws its own stream from
+  it), printed so that a failure can be replayed with `EMBEDLAB_TEST_SEED=<seed>`; the `rng`
+  fixture of conftest.py is `seeded_rng`.
 """
 from __future__ import annotations
 
 import os
 import secrets
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 
-def fresh_seed() -> int:
+def _run_seed() -> int:
     env = os.environ.get("EMBEDLAB_TEST_SEED")
-    return int(env) if env else secrets.randbelow(2**31)
+    try:
+        return int(env) if env else secrets.randbelow(2**31)
+    except ValueError:
+        raise ValueError(f"EMBEDLAB_TEST_SEED must be an integer, got {env!r}") from None
+
+
+RUN_SEED = _run_seed()  # one seed per test run: fresh, or EMBEDLAB_TEST_SEED to replay a run
+
+
+def fresh_seed() -> int:
+    """This run's seed (fresh each run; EMBEDLAB_TEST_SEED=<seed> replays a run)."""
+    return RUN_SEED
 
 
 def seeded_rng(request=None):
-    """A NumPy Generator with a fresh seed; the seed is printed (pytest shows it on failure)."""
-    seed = fresh_seed()
-    name = getattr(getattr(request, "node", None), "nodeid", "")
-    print(f"[seed] EMBEDLAB_TEST_SEED={seed} {name}")
-    return np.random.default_rng(seed)
+    """A NumPy Generator for one test: this run's seed mixed with the test's name (so every test
+    draws its own stream, the same whether it runs alone or with others). The seed is printed;
+    pytest shows it on failure, and EMBEDLAB_TEST_SEED=<seed> replays the draw."""
+    node = getattr(request, "node", None)
+    name = getattr(node, "name", "")
+    print(f"[seed] EMBEDLAB_TEST_SEED={RUN_SEED} {getattr(node, 'nodeid', '')}")
+    return np.random.default_rng([RUN_SEED, zlib.crc32(name.encode())])
 
 
 @dataclass

@@ -12,22 +12,10 @@ import threading
 import numpy as np
 import pytest
 
-import reference as ref
-from embedlab import _native
 
 I64_MIN = np.iinfo(np.int64).min
 I64_MAX = np.iinfo(np.int64).max
 SPECIAL = np.array([0, -1, 1, I64_MIN, I64_MAX, I64_MIN + 1, I64_MAX - 1], dtype=np.int64)
-
-
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)  # printed seed; replay with EMBEDLAB_TEST_SEED
-
-
-@pytest.fixture(scope="module")
-def core():
-    return _native.core()
 
 
 def random_keys(rng, n, pool=None):

@@ -27,11 +27,6 @@ import embedlab as _embedlab  # noqa: E402
 EMBEDLAB_HOME = Path(_embedlab.__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
-
-
 def _ids_arg(ids: ref.Ids, form, weighted, rng):
     if form == "ragged":
         return ids.ragged(tf, True) if weighted else (ids.ragged(tf), None)

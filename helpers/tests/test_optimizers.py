@@ -16,11 +16,6 @@ from embedlab import ops  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 
 
-@pytest.fixture
-def rng(request):
-    return ref.seeded_rng(request)
-
-
 def _unique_grad(rng, rows, dim, frac=0.5, always=()):
     idx = np.union1d(np.flatnonzero(rng.random(rows) < frac), np.asarray(always, np.int64)).astype(np.int64)
     vals = rng.standard_normal((len(idx), dim)).astype(np.float32)

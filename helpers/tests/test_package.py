@@ -132,3 +132,139 @@ def test_interleaved_ms_times_every_case_in_turn():
     assert list(t) == ["slow", "fast"] and t["slow"] > t["fast"] >= 0
     with pytest.raises(ValueError, match="repeats"):
         timing.interleaved_ms({"a": lambda: None}, repeats=0)
+
+
+def test_tutorial_helpers_keep_their_old_paths():
+    """The notebooks' helpers live in embedlab.tutorials; the names users imported before stay
+    importable where they were, as the same objects, and the product packages do not import the
+    tutorials until such a name is used."""
+    r = subprocess.run([sys.executable, "-c", "import sys, embedlab.models, embedlab.session, embedlab.sok, "
+                        "embedlab.hps.export; "
+                        "print(sorted(m for m in sys.modules if m.startswith('embedlab.tutorials')))"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
+    from embedlab import tutorials
+    from embedlab.tutorials import hps_demo, naive_dnn, session_lab, sok_demo, sok_guide, training
+    import embedlab.models
+    import embedlab.models.training
+    from embedlab.models import sparse_update_ms, sparse_update_step, train_steps
+    assert embedlab.models.training is training and tutorials.training is training
+    assert (train_steps, sparse_update_step, sparse_update_ms) == (
+        training.train_steps, training.sparse_update_step, training.sparse_update_ms)
+    import embedlab.session.lab
+    from embedlab.session import lab
+    assert lab is session_lab and embedlab.session.lab is session_lab and lab.train_passes is session_lab.train_passes
+    from embedlab.hps import demo as hdemo, export
+    from embedlab.sok import demo as sdemo, demo_guide
+    assert (hdemo, sdemo, demo_guide) == (hps_demo, sok_demo, sok_guide)
+    import embedlab.hps.demo
+    import embedlab.sok.demo_guide
+    assert embedlab.hps.demo is hps_demo and embedlab.sok.demo_guide is sok_guide
+    for m in (training, session_lab, hps_demo, sok_demo, sok_guide):   # still their own modules
+        assert m.__spec__.name == m.__name__ and m.__name__.startswith("embedlab.tutorials."), m
+    for old_path in ("models/training.py", "session/lab.py", "sok/demo.py", "sok/demo_guide.py", "hps/demo.py"):
+        assert not (Path(embedlab.__file__).parent / old_path).exists(), old_path   # no tutorial code there
+    for name in ("DemoArgs", "demo_args", "ClickModel", "generate_samples", "evaluate", "train_naive_dnn",
+                 "write_manifest", "export_for_serving"):
+        assert getattr(export, name) is getattr(naive_dnn, name), name
+    with pytest.raises(AttributeError, match="no attribute 'train_nothing'"):
+        export.train_nothing  # noqa: B018
+    r = subprocess.run([sys.executable, "-m", "embedlab.sok.demo", "--help"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and "--global-batch" in r.stdout, r.stderr
+
+
+def test_data_public_names_keep_their_old_paths():
+    """embedlab.data.criteo and .formats are packages now; every public name of the former
+    modules, and the module path embedlab.data.criteo_dask, still import."""
+    import embedlab._io
+    import embedlab.data.criteo_dask as criteo_dask_by_path
+    from embedlab.data import ParquetLoader, criteo, criteo_dask, formats, memory  # noqa: F401
+    from embedlab.data.criteo import etl_dask
+    assert criteo_dask is criteo_dask_by_path is etl_dask
+    for name in ["NUM_INT", "NUM_CAT", "NUM_FIELDS", "LABEL", "INT_COLUMNS", "CAT_COLUMNS",
+                 "CROSSES", "MISSING_HEX", "KAGGLE_SPLIT", "SPLIT_NAMES", "KAGGLE_CARDINALITIES",
+                 "generate", "Block", "CriteoFormatError", "read_chunks", "count_lines",
+                 "split_counts", "split", "PreprocessResult", "preprocess", "load_slot_sizes"]:
+        assert getattr(criteo, name) is not None, name
+    for name in ["preprocess", "local_client", "resolve_client", "worker_peak_rss",
+                 "output_digest", "ChunkFailedError", "SCHEDULER_ENV"]:
+        assert getattr(criteo_dask, name) is not None, name
+    for name in formats.__all__:
+        assert getattr(formats, name) is not None, name
+    assert formats.FormatError is embedlab._io.FormatError
+    assert formats.read_file_list is embedlab._io.read_file_list
+    from embedlab.data.formats import NormData, _read_header, read_norm  # noqa: F401
+    assert criteo.generate.__module__ == "embedlab.data.criteo.synth"
+    assert formats.read_norm.__module__ == "embedlab.data.formats.norm"
+
+
+def test_plugin_and_io_public_names_keep_their_old_paths():
+    """embedlab.plugin is a package (placement, layer, checkpoint): its public names import from
+    embedlab.plugin as before, a layer config saved under the old module path deserializes, and
+    the file-list reader of data.formats and session.reader is the one in embedlab._io."""
+    import keras
+
+    import embedlab._io
+    import embedlab.plugin as plugin
+    import embedlab.session.reader
+    from embedlab.plugin import (CheckpointError, EmbeddingLayer, PluginConfig, current,  # noqa: F401
+                                 init, initial_values, split_cpu)
+    from embedlab.plugin import checkpoint, layer, placement
+    assert set(plugin.__all__) == {"init", "split_cpu", "current", "EmbeddingLayer", "PluginConfig",
+                                   "initial_values", "CheckpointError"}
+    assert (EmbeddingLayer, initial_values, CheckpointError, init) == (
+        layer.EmbeddingLayer, layer.initial_values, checkpoint.CheckpointError, placement.init)
+    assert keras.saving.get_registered_object("embedlab>EmbeddingLayer") is EmbeddingLayer
+    old = {"module": "embedlab.plugin", "class_name": "EmbeddingLayer", "registered_name": "embedlab>EmbeddingLayer",
+           "config": {"name": "e", "vocabulary_size": 4, "embedding_vec_size": 2, "slot_num": 1, "max_nnz": 1,
+                      "initializer": 0.5, "devices": ["/CPU:0"]}}
+    emb = keras.saving.deserialize_keras_object(old)
+    assert type(emb) is EmbeddingLayer and emb.get_table().tolist() == [[0.5, 0.5]] * 4
+    assert embedlab.session.reader.read_file_list is embedlab._io.read_file_list
+
+
+def test_session_public_names_keep_their_old_paths():
+    """embedlab.session's layers are a package (one class per layer type) and the step inputs and
+    key translation have modules of their own: the names a script may have imported still import
+    from where they were."""
+    import embedlab.session as session
+    from embedlab.session import layers, spec
+    from embedlab.session.embedding import Embedding, HostStore, KeyError_, TFOptimizer, init_values  # noqa: F401
+    from embedlab.session.optimizer import lr_at  # noqa: F401
+    from embedlab.session.layers import DenseModel, forward_layer  # noqa: F401
+    from embedlab.session.reader import Batch, DataReader, FormatError, read_file_list, read_norm_block  # noqa: F401
+    from embedlab.session.spec import (EMBEDDING_TYPES, LAYER_TYPES, OPTIMIZER_TYPES, UPDATE_TYPES,  # noqa: F401
+                                       LayerSpec, ModelError, ModelSpec, T2, T3, parse_model)
+    for name in session.__all__:
+        assert getattr(session, name) is not None, name
+    assert session.parse_model is parse_model and session.ModelError is ModelError
+    assert spec.LAYER_TYPES[:4] == ("Data",) + EMBEDDING_TYPES
+    assert set(spec.LAYER_TYPES[4:]) == set(layers.LAYERS) and "BinaryCrossEntropyLoss" in layers.LAYERS
+    assert DenseModel.__module__ == "embedlab.session.layers.model"
+    assert TFOptimizer.__module__ == "embedlab.session.optimizer"
+
+
+def test_core_module_names_keep_their_place():
+    """`_embedlab_core` is made of one bindings file per capability (csrc/py, registered through
+    registry.h): every capability's names are on the module, the CUDA ones wherever CUDA was built."""
+    from embedlab import _native
+    core = _native.core()
+    cpu = {"lookup_forward", "lookup_forward_coo", "lookup_backward", "lookup_backward_apply",
+           "lookup_backward_apply_many", "sparse_sgd", "sparse_adagrad", "sparse_adam", "coo_to_csr",
+           "cpu_isa", "cpu_isas_built", "cuda_built", "EmbeddingCache", "HashMapStore", "HashTable",
+           "decode_norm", "route_keys"}
+    cuda = {"cuda_device_count", "_set_cuda_forward_variant", "_set_cuda_backward_variant",
+            "_cuda_backward_variant", "_cuda_forward_variant", "_gather_rows_cuda",
+            "lookup_backward_cuda_workspace_size", "lookup_forward_cuda", "lookup_backward_cuda",
+            "lookup_backward_apply_cuda", "lookup_backward_apply_multi_cuda_workspace_size",
+            "lookup_backward_apply_multi_cuda", "sparse_sgd_cuda", "sparse_adagrad_cuda", "sparse_adam_cuda",
+            "CudaEmbeddingCache", "route_cuda_workspace_size", "route_count_cuda", "route_scatter_cuda"}
+    names = {n for n in dir(core) if not n.startswith("__")}
+    assert cpu <= names, sorted(cpu - names)
+    assert core.cuda_built == _native.cuda_built()
+    if core.cuda_built:
+        assert cuda <= names, sorted(cuda - names)
+    else:
+        assert not cuda & names, sorted(cuda & names)
+    assert core.cpu_isa == _native.cpu_isa()

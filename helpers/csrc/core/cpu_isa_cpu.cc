@@ -44,16 +44,6 @@ const char* cpu_isas_built() {
 #endif
 }
 
-const EmbeddingKernels& embedding_kernels() {
-  // A reference fixed on the first call: every later call is a load and a call through it.
-  static const EmbeddingKernels& k =
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-      cpu_isa() == CpuIsa::kAvx2 ? avx2::kEmbeddingKernels :
-#endif
-                                 baseline::kEmbeddingKernels;
-  return k;
-}
-
 }  // namespace embedlab
 
 extern "C" const char* embedlab_cpu_isa() { return embedlab::cpu_isa_name(embedlab::cpu_isa()); }

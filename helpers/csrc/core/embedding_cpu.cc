@@ -1,57 +1,48 @@
-// Multi-threaded CPU kernels of the contract in embedding.h: the forward, the backward and the
-// sparse optimizers. The entry points of embedding.h call them through embedding_api_cpu.cc.
+// Multi-threaded CPU implementation of embedding.h: the forward and the backward (the
+// optimizers, and the fused backward + optimizer, are in sparse_optimizer_cpu.cc; the sorts in
+// csr_cpu.cc). The kernels are compiled once per instruction set; the entry points of
+// embedding.h at the end of this file are compiled once, with the baseline copy, and call the
+// copy that cpu_isa() chose.
 //
-// Where the time goes: the forward and the optimizers are gathers/scatters of random table
-// rows, bound by memory latency, so they prefetch a few keys ahead and parallelise over
-// (table, row block). The forward sums each output row in registers and stores it once
-// (pool_row), as FBGEMM's JIT EmbeddingSpMDM (torch's EmbeddingBag on the CPU) does. The backward groups each table's keys with an LSD radix sort over only
-// the bits the largest key needs (two 10-bit passes for a 1M-row table), then sums the
-// output-gradient rows in one pass in position order (sequential reads), so contributions to
-// one key are added in position order: deterministic bits.
+// Where the time goes: the forward is a gather of random table rows, bound by memory latency,
+// so it prefetches a few keys ahead and parallelises over (table, row block). The forward sums
+// each output row in registers and stores it once (pool_row), as FBGEMM's JIT EmbeddingSpMDM
+// (torch's EmbeddingBag on the CPU) does. The backward groups each table's keys with an LSD
+// radix sort (csr_cpu.cc) over only the bits the largest key needs (two 10-bit passes for a
+// 1M-row table), then sums the output-gradient rows in one pass in position order (sequential
+// reads), so contributions to one key are added in position order: deterministic bits.
 //
-// Compiled once per instruction set (CMakeLists.txt, cpu_isa.h): into namespace
-// embedlab::baseline, and with EMBEDLAB_ISA_AVX2 into embedlab::avx2. AVX2's 32-byte loads, adds
+// Compiled once per instruction set (CMakeLists.txt, cpu_isa.h, cpu_isa_kernels.h): into
+// namespace embedlab::baseline, and with EMBEDLAB_ISA_AVX2 into embedlab::avx2. AVX2's 32-byte loads, adds
 // and stores halve the memory instructions per table row: at dims 64 and 128 the SSE2 forward
 // ran 11-28 % above a plain gather of the same rows and the AVX2 one at or below it
 // (helpers/benchmarks/gather_floor.cc, 2-core AMD EPYC VM). Both copies do the same float
 // operations in the same order and nothing is contracted into an FMA (-ffp-contract=off), so
 // they give the same bits.
-//
-// The AVX2 copy is compiled under `#pragma GCC target("avx2")`, opened after the last #include,
-// rather than with -mavx2: only the functions defined in this file become AVX2 code. The inline
-// functions and templates of the headers (std::vector, std::function, ...) keep the baseline
-// target wherever they are emitted out of line; the linker keeps one copy of each for the whole
-// library, and with -mavx2 that copy could be an AVX2 one that a baseline caller then runs on a
-// CPU without AVX2. Inlined into an AVX2 function they are compiled for AVX2 there.
 #include <algorithm>
 #include <atomic>
-#include <cmath>
+#include <cstdint>
 #include <cstring>
-#include <numeric>
-#include <type_traits>
+#include <string>
 #include <vector>
 
 #include "cpu_isa.h"
 #include "embedding.h"
-
-#if defined(EMBEDLAB_ISA_AVX2)
-#if !defined(__GNUC__) || defined(__clang__)
-#error "the AVX2 kernels are compiled with GCC's #pragma GCC target (CMakeLists.txt builds them with GCC only)"
-#endif
-#define EMBEDLAB_ISA_NS avx2
-#define EMBEDLAB_ISA_ENUM CpuIsa::kAvx2
-#pragma GCC push_options
-#pragma GCC target("avx2")
-#else
-#define EMBEDLAB_ISA_NS baseline
-#define EMBEDLAB_ISA_ENUM CpuIsa::kBaseline
-#endif
+#include "cpu_isa_kernels.h"  // last: opens the instruction set's namespace and target
 
 namespace embedlab {
+
+// The entry points of one compiled copy of this file's kernels.
+struct EmbeddingKernels {
+  int (*lookup_forward)(const LookupArgs* tables, int num_tables, ThreadPool& pool);
+  void (*lookup_forward_coo)(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
+                             std::vector<int>* status);
+  int64_t (*grad_prepare)(LookupGradCpu::State* s, const LookupGradArgs& args, ThreadPool& pool);
+  void (*grad_fill)(const LookupGradCpu::State& s, int64_t* unique_keys, float* rows, ThreadPool& pool);
+};
+
 namespace EMBEDLAB_ISA_NS {
 namespace {
-
-constexpr int kPrefetchDistance = 16;
 
 // How many keys ahead the forward prefetches: about 128 cache lines of rows in flight, at least
 // 16 keys (FBGEMM's distance) and at most 64. A plain read of the forward's random rows was
@@ -71,79 +62,6 @@ inline void prefetch_row(const float* row, int64_t dim) {
   const int64_t lines = std::min<int64_t>((dim * 4 + 63) / 64, 16);
   for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 0, 3);
 }
-
-// The same for a row about to be updated in place: fetched with intent to write (PREFETCHW),
-// so the line arrives owned and the store does not need a second trip to upgrade it. On the
-// 2-core VM, 213k random read-modify-writes of 64-byte rows took 9.1 ms after read prefetches
-// and 3.5 ms after write prefetches (no prefetch: 25 ms).
-inline void prefetch_row_for_write(float* row, int64_t dim) {
-  const int64_t lines = std::min<int64_t>((dim * 4 + 63) / 64, 16);
-  for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 1, 1);
-}
-
-// Row arithmetic with the width known at compile time where it matters. D > 0 is the row width;
-// D == 0 means "read it at run time". Fixed widths let the compiler unroll into straight vector
-// code (no loop, no memset call per row), which is most of the per-key cost once rows are in
-// cache. Every variant does the same float operations in the same order: same bits.
-template <int D>
-struct Width {
-  static constexpr int64_t get(int64_t) { return D; }
-};
-template <>
-struct Width<0> {
-  static int64_t get(int64_t dim) { return dim; }
-};
-
-template <int D>
-inline void axpy(float* __restrict out, const float* __restrict src, float w, int64_t dim) {
-  const int64_t n = Width<D>::get(dim);
-  for (int64_t d = 0; d < n; ++d) out[d] += w * src[d];
-}
-template <int D>
-inline void add(float* __restrict out, const float* __restrict src, int64_t dim) {
-  const int64_t n = Width<D>::get(dim);
-  for (int64_t d = 0; d < n; ++d) out[d] += src[d];
-}
-template <int D>
-inline void zero(float* __restrict out, int64_t dim) {
-  const int64_t n = Width<D>::get(dim);
-  for (int64_t d = 0; d < n; ++d) out[d] = 0.f;
-}
-
-// Calls fn(std::integral_constant<int, D>) with D = dim for the common widths, else D = 0.
-template <typename F>
-inline void dispatch_dim(int64_t dim, F fn) {
-  switch (dim) {
-    case 4: return fn(std::integral_constant<int, 4>());
-    case 8: return fn(std::integral_constant<int, 8>());
-    case 16: return fn(std::integral_constant<int, 16>());
-    case 32: return fn(std::integral_constant<int, 32>());
-    case 64: return fn(std::integral_constant<int, 64>());
-    case 128: return fn(std::integral_constant<int, 128>());
-    default: return fn(std::integral_constant<int, 0>());
-  }
-}
-
-// Maps a flat unit index over several tables (unit = one row, or one index) to its table.
-struct FlatIndex {
-  std::vector<int64_t> starts;  // starts[t] = first unit of table t; starts[T] = total
-  template <typename F>
-  explicit FlatIndex(int num_tables, F units_of) : starts(num_tables + 1, 0) {
-    for (int t = 0; t < num_tables; ++t) starts[t + 1] = starts[t] + units_of(t);
-  }
-  int64_t total() const { return starts.back(); }
-  // Calls fn(t, begin, end) for the parts of [b, e) that fall in each table t.
-  template <typename F>
-  void for_each(int64_t b, int64_t e, F fn) const {
-    int t = static_cast<int>(std::upper_bound(starts.begin(), starts.end(), b) - starts.begin()) - 1;
-    while (b < e) {
-      const int64_t te = std::min(e, starts[t + 1]);
-      if (te > b) fn(t, b - starts[t], te - starts[t]);
-      b = te;
-      ++t;
-    }
-  }
-};
 
 // Calls fn(t, r0, r1) in parallel on blocks of output rows [r0, r1) of table t, over the
 // rows_of(t) rows of every table (0 skips a table), with the forward's cost hint (~1 ns per
@@ -290,56 +208,6 @@ bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
   return ok;
 }
 
-// Stable LSD radix sort of indices 0..n-1 by keys[i] in [0, key_bound).
-void radix_order(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order) {
-  order->resize(n);
-  std::iota(order->begin(), order->end(), 0);
-  if (n < 2) return;
-  if (n < 64) {  // insertion sort is stable and beats histogram set-up here
-    auto& o = *order;
-    for (int64_t i = 1; i < n; ++i) {
-      const int64_t v = o[i];
-      int64_t j = i - 1;
-      while (j >= 0 && keys[o[j]] > keys[v]) {
-        o[j + 1] = o[j];
-        --j;
-      }
-      o[j + 1] = v;
-    }
-    return;
-  }
-  int bits = 1;
-  while (bits < 63 && (int64_t{1} << bits) < key_bound) ++bits;
-  constexpr int kRadixBits = 11;
-  constexpr int64_t kBuckets = int64_t{1} << kRadixBits;
-  std::vector<int64_t> tmp(n);
-  std::vector<int64_t> kbuf(n), ktmp(n);  // keys carried along: sequential reads per pass
-  for (int64_t i = 0; i < n; ++i) kbuf[i] = keys[i];
-  std::vector<int64_t> count(kBuckets);
-  int64_t* src = order->data();
-  int64_t* dst = tmp.data();
-  int64_t* ksrc = kbuf.data();
-  int64_t* kdst = ktmp.data();
-  for (int shift = 0; shift < bits; shift += kRadixBits) {
-    std::fill(count.begin(), count.end(), 0);
-    for (int64_t i = 0; i < n; ++i) ++count[(ksrc[i] >> shift) & (kBuckets - 1)];
-    int64_t sum = 0;
-    for (auto& c : count) {
-      const int64_t t = c;
-      c = sum;
-      sum += t;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t p = count[(ksrc[i] >> shift) & (kBuckets - 1)]++;
-      dst[p] = src[i];
-      kdst[p] = ksrc[i];
-    }
-    std::swap(src, dst);
-    std::swap(ksrc, kdst);
-  }
-  if (src != order->data()) std::memcpy(order->data(), src, sizeof(int64_t) * n);
-}
-
 }  // namespace
 
 int lookup_forward(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
@@ -440,69 +308,12 @@ void lookup_forward_coo(const LookupArgs* tables, const CooRows* coo, int num_ta
   for (int t = 0; t < num_tables; ++t) (*status)[t] = st[t].load();
 }
 
-void sort_runs(const int64_t* keys, int64_t n, int64_t key_bound, std::vector<int64_t>* order,
-               std::vector<int64_t>* run_starts, ThreadPool&) {
-  radix_order(keys, n, key_bound, order);
-  run_starts->clear();
-  for (int64_t i = 0; i < n; ++i) {
-    if (i == 0 || keys[(*order)[i]] != keys[(*order)[i - 1]]) run_starts->push_back(i);
-  }
-  run_starts->push_back(n);
-}
-
 namespace {
 
 int bits_for(uint64_t bound) {  // smallest b with 2^b >= bound
   int b = 0;
   while (b < 64 && (uint64_t{1} << b) < bound) ++b;
   return b;
-}
-
-// Per-thread scratch is kept between calls only up to this size: a one-off huge call must not
-// pin its memory to a pool thread for the life of the process.
-template <typename T>
-void trim_scratch(std::vector<T>* v) {
-  constexpr size_t kMaxKeptBytes = size_t{64} << 20;
-  if (v->capacity() * sizeof(T) > kMaxKeptBytes) std::vector<T>().swap(*v);
-}
-
-// Stable LSD radix sort of packed values by bits [lo, lo + nbits), in as few passes of at most
-// 11 bits as cover them, the bits shared evenly (20 key bits: two passes of 10). The low bits
-// hold the position, so equal keys stay in position order without a second array. One read
-// pass counts the digits of every pass; a pass whose digit is the same for all values is
-// skipped.
-void radix_sort_packed(std::vector<uint64_t>* v, std::vector<uint64_t>* tmp, std::vector<int64_t>* counts, int lo,
-                       int nbits) {
-  constexpr int kMaxBits = 11;
-  const int64_t n = static_cast<int64_t>(v->size());
-  if (n < 2 || nbits == 0) return;
-  const int passes = (nbits + kMaxBits - 1) / kMaxBits;
-  const int bits = (nbits + passes - 1) / passes;
-  const uint64_t mask = (uint64_t{1} << bits) - 1;
-  const int64_t buckets = int64_t{1} << bits;
-  counts->assign(static_cast<size_t>(passes * buckets), 0);
-  int64_t* count = counts->data();
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t x = (*v)[i] >> lo;
-    for (int p = 0; p < passes; ++p) ++count[p * buckets + ((x >> (p * bits)) & mask)];
-  }
-  tmp->resize(n);
-  uint64_t* src = v->data();
-  uint64_t* dst = tmp->data();
-  for (int p = 0; p < passes; ++p) {
-    int64_t* c = count + p * buckets;
-    const int shift = lo + p * bits;
-    if (c[(src[0] >> shift) & mask] == n) continue;  // one digit for all: already in order
-    int64_t sum = 0;
-    for (int64_t d = 0; d < buckets; ++d) {
-      const int64_t t = c[d];
-      c[d] = sum;
-      sum += t;
-    }
-    for (int64_t i = 0; i < n; ++i) dst[c[(src[i] >> shift) & mask]++] = src[i];
-    std::swap(src, dst);
-  }
-  if (src != v->data()) std::memcpy(v->data(), src, sizeof(uint64_t) * n);
 }
 
 }  // namespace
@@ -622,11 +433,13 @@ void sum_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t u0, i
   }
 }
 
+}  // namespace
+
 // rows[nu, dim] of all unique keys: one key range per thread. Each range's pass reads all ids
 // but sums only its keys' rows, so no two threads write the same row. (With many tables the TF
 // op gives each table one thread: one pass.) touched: see sum_rows (nullptr: memset).
 void sum_all_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t nu, float* rows, ThreadPool& pool,
-                  uint8_t* touched = nullptr) {
+                  uint8_t* touched) {
   const int64_t parts = std::min<int64_t>(std::max(pool.num_threads(), 1), nu);
   pool.parallel_for(parts, int64_t{1} << 20, [&](int64_t b, int64_t e) {
     for (int64_t p = b; p < e; ++p) {
@@ -636,107 +449,6 @@ void sum_all_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t n
     }
   });
 }
-
-// The optimizers' row updates, shared by sparse_sgd/adagrad/adam and the fused backward: each is called
-// as update(width, w, slot1, slot2, g, dim) on one row. Same float32 expression order as Keras.
-// kCost: rough ns per element, the thread pool's block-size hint.
-struct SgdRow {
-  static constexpr int64_t kCost = 1;
-  float lr;
-  template <typename W>
-  void operator()(W, float* __restrict w, float*, float*, const float* __restrict g, int64_t dim_rt) const {
-    const int64_t dim = Width<W::value>::get(dim_rt);
-    for (int64_t d = 0; d < dim; ++d) w[d] -= g[d] * lr;
-  }
-};
-
-struct AdagradRow {
-  static constexpr int64_t kCost = 4;
-  AdagradParams p;
-  template <typename W>
-  void operator()(W, float* __restrict w, float* __restrict acc, float*, const float* __restrict g,
-                  int64_t dim_rt) const {
-    const int64_t dim = Width<W::value>::get(dim_rt);
-    for (int64_t d = 0; d < dim; ++d) {
-      acc[d] += g[d] * g[d];
-      w[d] -= (p.lr * g[d]) / std::sqrt(acc[d] + p.epsilon);
-    }
-  }
-};
-
-struct AdamRow {
-  static constexpr int64_t kCost = 6;
-  float alpha, one_b1, one_b2, eps;
-  explicit AdamRow(const AdamParams& p) {
-    // Same float32 expression order as Keras' Adam so that rows touched every step match it.
-    const float t = static_cast<float>(p.step);
-    const float b1p = std::pow(static_cast<float>(p.beta1), t);
-    const float b2p = std::pow(static_cast<float>(p.beta2), t);
-    alpha = p.lr * std::sqrt(1.f - b2p) / (1.f - b1p);
-    one_b1 = static_cast<float>(1.0 - p.beta1);
-    one_b2 = static_cast<float>(1.0 - p.beta2);
-    eps = p.epsilon;
-  }
-  template <typename W>
-  void operator()(W, float* __restrict w, float* __restrict m, float* __restrict v, const float* __restrict g,
-                  int64_t dim_rt) const {
-    const int64_t dim = Width<W::value>::get(dim_rt);
-    for (int64_t d = 0; d < dim; ++d) {
-      m[d] += (g[d] - m[d]) * one_b1;
-      v[d] += (g[d] * g[d] - v[d]) * one_b2;
-      w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + eps);
-    }
-  }
-  // The same update with g = 0: a row no batch touched at this step (Global Adam). The full
-  // pass and the deferred catch-up both use this one, which is what makes them the same bits.
-  template <typename W>
-  void zero_grad(W, float* __restrict w, float* __restrict m, float* __restrict v, int64_t dim_rt) const {
-    const int64_t dim = Width<W::value>::get(dim_rt);
-    for (int64_t d = 0; d < dim; ++d) {
-      m[d] += (0.f - m[d]) * one_b1;
-      v[d] += (0.f - v[d]) * one_b2;
-      w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + eps);
-    }
-  }
-};
-
-template <typename RowUpdate>
-void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& pool, RowUpdate update) {
-  FlatIndex flat(num_tables, [&](int t) { return tables[t].n; });
-  if (flat.total() == 0) return;
-  int64_t dims = 0;
-  for (int t = 0; t < num_tables; ++t) dims = std::max(dims, tables[t].dim);
-  pool.parallel_for(flat.total(), dims * RowUpdate::kCost, [&](int64_t b, int64_t e) {
-    flat.for_each(b, e, [&](int t, int64_t i0, int64_t i1) {
-      const SparseUpdateArgs& a = tables[t];
-      dispatch_dim(a.dim, [&](auto width) {
-        for (int64_t i = i0; i < i1; ++i) {
-          if (i + kPrefetchDistance < i1) {
-            const int64_t kp = a.indices[i + kPrefetchDistance] * a.dim;
-            prefetch_row_for_write(a.table + kp, a.dim);
-            if (a.slot1) prefetch_row_for_write(a.slot1 + kp, a.dim);
-            if (a.slot2) prefetch_row_for_write(a.slot2 + kp, a.dim);
-          }
-          const int64_t off = a.indices[i] * a.dim;
-          update(width, a.table + off, a.slot1 ? a.slot1 + off : nullptr, a.slot2 ? a.slot2 + off : nullptr,
-                 a.grads + i * a.dim, a.dim);
-        }
-      });
-    });
-  });
-}
-
-// Calls fn(row_update) with the update of `opt`.
-template <typename F>
-void with_update(const SparseOptimizer& opt, F fn) {
-  switch (opt.kind) {
-    case OptimizerKind::kSgd: return fn(SgdRow{opt.sgd.lr});
-    case OptimizerKind::kAdagrad: return fn(AdagradRow{opt.adagrad});
-    case OptimizerKind::kAdam: return fn(AdamRow(opt.adam));
-  }
-}
-
-}  // namespace
 
 void grad_fill(const LookupGradCpu::State& s, int64_t* unique_keys, float* rows, ThreadPool& pool) {
   const int64_t nu = static_cast<int64_t>(s.unique_keys.size());
@@ -750,148 +462,83 @@ void grad_fill(const LookupGradCpu::State& s, int64_t* unique_keys, float* rows,
   trim_scratch(&touched);
 }
 
-void grad_apply(const LookupGradCpu::State& s, const SparseUpdateArgs& target, const SparseOptimizer& opt,
-                ThreadPool& pool) {
-  // Two passes over a reused buffer: the summed rows, then the update, row by row in key order
-  // with write prefetches. Interleaving the two per key (or per chunk of 32 to 2,048 keys)
-  // measured slower (helpers/benchmarks/RESULTS.md, lookup_cpu): each loop keeps its own stream
-  // of misses in flight, and every switch restarts the prefetch pipeline. Same code, so the same bits, as fill() followed
-  // by sparse_<opt>_cpu; the difference to that is no output tensors, one op, no allocation.
-  const int64_t nu = static_cast<int64_t>(s.unique_keys.size());
-  if (nu <= 0) return;
-  // The summed rows go to a buffer of the calling thread, not of this table: a thread that
-  // applies many tables in turn (the TF op's many-table path) reuses one buffer that stays in
-  // its L2 cache, instead of memsetting and filling a cold one per table (26 x 512 KiB a step
-  // for the Criteo shape).
-  thread_local std::vector<float> sums;
-  if (static_cast<int64_t>(sums.size()) < nu * s.args.dim) sums.resize(nu * s.args.dim);
-  sum_all_rows(s.args, s.slot_of_pos.data(), nu, sums.data(), pool);
-  SparseUpdateArgs a = target;
-  a.indices = s.unique_keys.data();
-  a.grads = sums.data();
-  a.n = nu;
-  with_update(opt, [&](auto update) { sparse_update(&a, 1, pool, update); });
-  trim_scratch(&sums);
-}
-
-void coalesce(const int64_t* indices, const float* rows, int64_t n, int64_t dim, int64_t key_bound,
-              std::vector<int64_t>* out_indices, std::vector<float>* out_rows, ThreadPool& pool) {
-  std::vector<int64_t> order, runs;
-  sort_runs(indices, n, key_bound, &order, &runs, pool);
-  const int64_t nu = static_cast<int64_t>(runs.size()) - 1;
-  out_indices->resize(std::max<int64_t>(nu, 0));
-  out_rows->assign(std::max<int64_t>(nu, 0) * dim, 0.f);
-  pool.parallel_for(nu, dim * 2, [&](int64_t b, int64_t e) {
-    for (int64_t u = b; u < e; ++u) {
-      (*out_indices)[u] = indices[order[runs[u]]];
-      float* out = out_rows->data() + u * dim;
-      for (int64_t i = runs[u]; i < runs[u + 1]; ++i) add<0>(out, rows + order[i] * dim, dim);
-    }
-  });
-}
-
-void sparse_sgd(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, SgdRow{p.lr});
-}
-
-void sparse_adagrad(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, AdagradRow{p});
-}
-
-void sparse_adam(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
-  sparse_update(tables, num_tables, pool, AdamRow(p));
-}
-
-void global_adam(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
-                 ThreadPool& pool) {
-  std::vector<int64_t> rows(num_tables);
-  for (int t = 0; t < num_tables; ++t) {
-    const SparseUpdateArgs& a = tables[t];
-    rows[t] = std::min(a.num_rows, std::max(rows_used[t], a.n ? a.indices[a.n - 1] + 1 : int64_t{0}));
-  }
-  FlatIndex flat(num_tables, [&](int t) { return rows[t]; });
-  if (flat.total() == 0) return;
-  int64_t dims = 0;
-  for (int t = 0; t < num_tables; ++t) dims = std::max(dims, tables[t].dim);
-  const AdamRow update(p);
-  pool.parallel_for(flat.total(), dims * AdamRow::kCost, [&](int64_t b, int64_t e) {
-    flat.for_each(b, e, [&](int t, int64_t r0, int64_t r1) {
-      const SparseUpdateArgs& a = tables[t];
-      int64_t j = std::lower_bound(a.indices, a.indices + a.n, r0) - a.indices;
-      dispatch_dim(a.dim, [&](auto width) {
-        for (int64_t r = r0; r < r1; ++r) {
-          float* w = a.table + r * a.dim;
-          float* m = a.slot1 + r * a.dim;
-          float* v = a.slot2 + r * a.dim;
-          if (j < a.n && a.indices[j] == r) {
-            update(width, w, m, v, a.grads + j * a.dim, a.dim);
-            ++j;
-          } else {
-            update.zero_grad(width, w, m, v, a.dim);
-          }
-        }
-      });
-    });
-  });
-}
-
-int64_t global_adam_catch_up(float* table, float* m, float* v, int64_t* last, int64_t num_rows, int64_t dim,
-                             const int64_t* rows, int64_t n, int64_t all_rows, int64_t target,
-                             const float* lr_ring, int64_t ring, AdamParams p, ThreadPool& pool) {
-  const bool all = all_rows >= 0;
-  const int64_t count = all ? std::min(all_rows, num_rows) : n;
-  auto row_at = [&](int64_t i) { return all ? i : rows[i]; };
-  const int64_t oldest = target - ring + 1;     // the first step the ring still holds
-  // Check first, so that an error leaves every row as it was.
-  std::atomic<int64_t> behind{-1};
-  pool.parallel_for(count, 2, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t r = row_at(i);
-      if (last[r] < target && last[r] + 1 < std::max<int64_t>(oldest, 1)) {
-        int64_t none = -1;
-        behind.compare_exchange_strong(none, r);
-        return;
-      }
-    }
-  });
-  if (behind.load() >= 0) return behind.load();
-  // Step j's update: AdamRow(lr of step j, step j), the expression global_adam_cpu uses.
-  std::vector<AdamRow> steps;
-  const int64_t first = std::max<int64_t>(oldest, 1);
-  for (int64_t j = first; j <= target; ++j) {
-    AdamParams q = p;
-    q.lr = lr_ring[j % ring];
-    q.step = j;
-    steps.emplace_back(q);
-  }
-  pool.parallel_for(count, dim * AdamRow::kCost * 4, [&](int64_t b, int64_t e) {
-    dispatch_dim(dim, [&](auto width) {
-      for (int64_t i = b; i < e; ++i) {
-        const int64_t r = row_at(i);
-        int64_t from = __atomic_load_n(&last[r], __ATOMIC_ACQUIRE);
-        // Claim the row (a repeated row in `rows` is replayed by one thread only).
-        while (from < target &&
-               !__atomic_compare_exchange_n(&last[r], &from, target, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-        }
-        if (from >= target) continue;
-        for (int64_t j = from + 1; j <= target; ++j)
-          steps[j - first].zero_grad(width, table + r * dim, m + r * dim, v + r * dim, dim);
-      }
-    });
-  });
-  return -1;
-}
-
-// This copy's entry points, in the order of EmbeddingKernels' fields (cpu_isa.h).
-extern const EmbeddingKernels kEmbeddingKernels = {
-    EMBEDLAB_ISA_ENUM, &lookup_forward, &lookup_forward_coo, &sort_runs,   &grad_prepare,        &grad_fill,
-    &grad_apply,       &sparse_sgd,     &sparse_adagrad,     &sparse_adam, &global_adam,
-    &global_adam_catch_up, &coalesce,
-};
+extern const EmbeddingKernels kEmbeddingKernels = {&lookup_forward, &lookup_forward_coo, &grad_prepare, &grad_fill};
 
 }  // namespace EMBEDLAB_ISA_NS
 }  // namespace embedlab
 
-#if defined(EMBEDLAB_ISA_AVX2)
-#pragma GCC pop_options
+// ---- the entry points of embedding.h (compiled once, in the baseline copy) ------------------
+#if EMBEDLAB_ISA_BASELINE_COPY
+namespace embedlab {
+
+#if defined(EMBEDLAB_CPU_HAVE_AVX2)
+namespace avx2 {
+extern const EmbeddingKernels kEmbeddingKernels;
+}
 #endif
+
+namespace {
+const EmbeddingKernels& kernels() {
+#if defined(EMBEDLAB_CPU_HAVE_AVX2)
+  static const EmbeddingKernels& k = table_for_cpu_isa(baseline::kEmbeddingKernels, &avx2::kEmbeddingKernels);
+#else
+  static const EmbeddingKernels& k = baseline::kEmbeddingKernels;
+#endif
+  return k;
+}
+}  // namespace
+
+bool parse_combiner(const std::string& name, Combiner* out) {
+  if (name == "sum") { *out = Combiner::kSum; return true; }
+  if (name == "mean") { *out = Combiner::kMean; return true; }
+  return false;
+}
+
+std::string check_offsets(const CsrIds& ids) {
+  if (ids.batch < 0 || ids.nnz < 0) return "negative size (batch " + str(ids.batch) + ", nnz " + str(ids.nnz) + ")";
+  const int64_t* off = ids.row_offsets;
+  if (off[0] != 0) return "row_offsets[0] is " + str(off[0]) + ", expected 0";
+  for (int64_t r = 0; r < ids.batch; ++r) {
+    if (off[r + 1] < off[r])
+      return "row_offsets decrease at row " + str(r) + " (" + str(off[r]) + " then " + str(off[r + 1]) + ")";
+  }
+  if (off[ids.batch] != ids.nnz)
+    return "row_offsets end at " + str(off[ids.batch]) + " but there are " + str(ids.nnz) + " keys";
+  return "";
+}
+
+std::string check_ids(const CsrIds& ids, int64_t num_rows) {
+  std::string err = check_offsets(ids);
+  if (!err.empty()) return err;
+  const int64_t* off = ids.row_offsets;
+  for (int64_t j = 0; j < ids.nnz; ++j) {
+    const int64_t k = ids.keys[j];
+    if (k < -1 || k >= num_rows) {
+      const int64_t row = std::upper_bound(off, off + ids.batch + 1, j) - off - 1;
+      const std::string where = "key " + str(k) + " at position " + str(j) + " (row " + str(row) + ")";
+      if (k < -1) return where + " is negative; only -1 may mark a missing key";
+      return where + " is outside the table of " + str(num_rows) + " rows";
+    }
+  }
+  return "";
+}
+
+int lookup_forward_cpu(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
+  return kernels().lookup_forward(tables, num_tables, pool);
+}
+
+void lookup_forward_coo_cpu(const LookupArgs* tables, const CooRows* coo, int num_tables, ThreadPool& pool,
+                            std::vector<int>* status) {
+  kernels().lookup_forward_coo(tables, coo, num_tables, pool, status);
+}
+
+int64_t LookupGradCpu::prepare(const LookupGradArgs& args, ThreadPool& pool) {
+  return kernels().grad_prepare(&s_, args, pool);
+}
+
+void LookupGradCpu::fill(int64_t* unique_keys, float* rows, ThreadPool& pool) const {
+  kernels().grad_fill(s_, unique_keys, rows, pool);
+}
+
+}  // namespace embedlab
+#endif  // EMBEDLAB_ISA_BASELINE_COPY

@@ -8,13 +8,14 @@
 #include <memory>
 #include <string>
 
+#include "common.h"
 #include "embedding_cache.h"
-#include "hps_arrays.h"
+#include "embedding_cache_bindings.h"
 #include "registry.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
-using namespace embedlab_py::hps;
+using namespace embedlab_py;
 
 namespace {
 
@@ -25,10 +26,10 @@ class PyEmbeddingCache {
     check_cache_args(fn, capacity, dim, ways);
     if (num_threads < 0) fail(fn, "num_threads must be >= 0 (0 = all cores), got " + std::to_string(num_threads));
     cache_ = std::make_unique<EmbeddingCacheCpu>(capacity, dim, ways, is_static);
-    pool_ = shared_pool(num_threads);
+    pool_ = &pool(num_threads);
   }
 
-  nb::ndarray<nb::numpy, int64_t> lookup(const In& keys, Out out) {
+  nb::ndarray<nb::numpy, int64_t> lookup(const In& keys, Arr out) {
     const int64_t n = expect_keys_rows("EmbeddingCache.lookup", keys, "out", out, cache_->dim(), false);
     Owned<int64_t> missing(static_cast<size_t>(n));
     int64_t m;

@@ -1,6 +1,6 @@
 // CudaEmbeddingCache: the HPS embedding cache in GPU memory (csrc/core/embedding_cache_cuda.cu)
-// over DLPack device arrays (PyTorch, CuPy, ...). Compiled only with CUDA. Thin, like
-// cuda_bindings.cc: validate, translate, call core.
+// over DLPack device arrays (PyTorch, CuPy, ...). Compiled only with CUDA. Thin, like every
+// binding (common.h): validate, translate, call core.
 //
 // Streams: every method takes `stream`, the caller's cudaStream_t as an int
 // (torch.cuda.current_stream().cuda_stream, cupy.cuda.get_current_stream().ptr; 0 = the legacy
@@ -23,25 +23,16 @@
 #include <stdexcept>
 #include <string>
 
+#include "common.h"
 #include "embedding_cache.h"
-#include "hps_arrays.h"
+#include "embedding_cache_bindings.h"
 #include "registry.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
-using namespace embedlab_py::hps;
+using namespace embedlab_py;
 
 namespace {
-
-using Arr = nb::ndarray<>;
-
-void cuda_check(const std::string& fn, cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw std::runtime_error(fn + ": " + what + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
-                             ")");
-}
-
-cudaStream_t as_stream(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 // The module the array's type comes from: "torch", "cupy", or "" for anything else.
 std::string framework_of(const nb::handle& obj) {
@@ -58,13 +49,7 @@ class PyCudaEmbeddingCache {
   PyCudaEmbeddingCache(int64_t capacity, int64_t dim, int ways, bool is_static, int device) {
     const char* fn = "CudaEmbeddingCache";
     check_cache_args(fn, capacity, dim, ways);
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0) {
-      cudaGetLastError();
-      throw std::runtime_error(std::string(fn) + ": no CUDA device is visible (" +
-                               (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
-    }
+    const int n = require_gpu(fn);
     if (device < -1 || device >= n)
       fail(fn, "device must be -1 (current) or in [0, " + std::to_string(n) + "), got " + std::to_string(device));
     if (device >= 0) cuda_check(fn, cudaSetDevice(device), "cudaSetDevice");

@@ -13,13 +13,13 @@
 #include <tuple>
 #include <vector>
 
+#include "common.h"
 #include "hash_map_store.h"
-#include "hps_arrays.h"
 #include "registry.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
-using namespace embedlab_py::hps;
+using namespace embedlab_py;
 
 namespace {
 
@@ -42,10 +42,10 @@ class PyHashMapStore {
     if (num_threads < 0) fail(fn, "num_threads must be >= 0 (0 = all cores), got " + std::to_string(num_threads));
     store_ = std::make_unique<HashMapStore>(dim, num_partitions, overflow_margin, policy, overflow_resolution_target,
                                             parallel);
-    pool_ = shared_pool(num_threads);
+    pool_ = &pool(num_threads);
   }
 
-  nb::ndarray<nb::numpy, int64_t> find(const In& keys, Out out) {
+  nb::ndarray<nb::numpy, int64_t> find(const In& keys, Arr out) {
     const int64_t n = expect_keys_rows("HashMapStore.find", keys, "out", out, store_->dim(), false);
     Owned<int64_t> missing(static_cast<size_t>(n));
     int64_t m;

@@ -9,49 +9,26 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
-#include <memory>
-#include <mutex>
 #include <string>
 #include <tuple>
 
+#include "common.h"
 #include "hash_table.h"
 #include "registry.h"
-#include "thread_pool.h"
 
 namespace nb = nanobind;
+using embedlab_py::dtype_name;
 
 namespace {
 
 using AnyArray = nb::ndarray<nb::ro, nb::device::cpu>;
-using OutI64 = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
-
-// The pool tables use unless they were given their own thread count.
-embedlab::ThreadPool* shared_pool() {
-  static std::once_flag once;
-  static std::unique_ptr<embedlab::ThreadPool> pool;
-  std::call_once(once, [] { pool = embedlab::make_thread_pool(0); });
-  return pool.get();
-}
+using OutI64 = nb::ndarray<nb::numpy, int64_t>;
 
 struct KeyView {
   AnyArray array;  // keeps the NumPy array alive while the GIL is released
   const int64_t* data = nullptr;
   int64_t n = 0;
 };
-
-std::string dtype_name(nb::dlpack::dtype t) {
-  std::string kind = "?";
-  switch (static_cast<nb::dlpack::dtype_code>(t.code)) {
-    case nb::dlpack::dtype_code::Int: kind = "int"; break;
-    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
-    case nb::dlpack::dtype_code::Float: kind = "float"; break;
-    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
-    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
-    case nb::dlpack::dtype_code::Bool: return "bool";
-    default: kind = "dtype code " + std::to_string(t.code) + " of bits "; break;
-  }
-  return kind + std::to_string(t.bits);
-}
 
 KeyView int64_vector(const char* fn, const char* arg, nb::handle obj) {
   KeyView v;
@@ -78,23 +55,12 @@ KeyView int64_vector(const char* fn, const char* arg, nb::handle obj) {
   return v;
 }
 
-OutI64 new_int64(int64_t n) {
-  int64_t* data = new int64_t[n > 0 ? n : 1];
-  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
-  size_t shape[1] = {static_cast<size_t>(n)};
-  return OutI64(data, 1, shape, owner);
-}
+OutI64 new_int64(int64_t n) { return embedlab_py::new_array<int64_t>({static_cast<size_t>(n)}); }
 
 class PyHashTable {
  public:
-  PyHashTable(int64_t initial_capacity, int num_threads) : table_(initial_capacity) {
-    if (num_threads > 0) {
-      own_pool_ = embedlab::make_thread_pool(num_threads);
-      pool_ = own_pool_.get();
-    } else {
-      pool_ = shared_pool();
-    }
-  }
+  PyHashTable(int64_t initial_capacity, int num_threads)
+      : table_(initial_capacity), pool_(&embedlab_py::pool(num_threads)) {}
 
   OutI64 find(nb::handle keys_obj) {
     KeyView keys = int64_vector("HashTable.find", "keys", keys_obj);
@@ -179,8 +145,7 @@ class PyHashTable {
 
  private:
   embedlab::HashTable table_;
-  std::unique_ptr<embedlab::ThreadPool> own_pool_;
-  embedlab::ThreadPool* pool_ = nullptr;
+  embedlab::ThreadPool* pool_;
 };
 
 }  // namespace
@@ -193,8 +158,9 @@ EMBEDLAB_PY_BINDINGS(hash_table) {
                           "whatever the thread count. Thread-safe: reads share a reader/writer lock,\n"
                           "writes take it exclusively; the GIL is released during every call.\n\n"
                           "Args: initial_capacity: keys that fit before the first rehash;\n"
-                          "  num_threads: threads for batches of >= 16384 keys (0: a process-wide\n"
-                          "  pool of hardware_concurrency threads; 1: the calling thread only).")
+                          "  num_threads: threads for batches of >= 16384 keys (0: one per hardware\n"
+                          "  thread; 1: the calling thread only), from the process-wide pool of that\n"
+                          "  thread count that every table and kernel call of that count shares.")
       .def(
           "__init__",
           [](PyHashTable* self, int64_t initial_capacity, int num_threads) {

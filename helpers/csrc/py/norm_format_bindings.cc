@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "arrays.h"
+#include "common.h"
 #include "norm_format.h"
 #include "registry.h"
 
@@ -32,7 +32,7 @@ using Raw = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cp
 nb::tuple decode_norm(Raw raw, int64_t pos, int64_t n, int label_dim, int dense_dim, int slot_num, bool check,
                       int key_bytes, const std::vector<std::pair<int, int>>& inputs) {
   const int64_t size = static_cast<int64_t>(raw.shape(0));
-  auto bad = [](const std::string& what) { throw nb::value_error(("decode_norm: " + what).c_str()); };
+  auto bad = [](const std::string& what) { embedlab_py::fail("decode_norm", what); };
   if (pos < 0 || pos > size) bad("pos " + std::to_string(pos) + " is outside the " + std::to_string(size) + " bytes");
   if (n < 0) bad("n must be >= 0, got " + std::to_string(n));
   if (label_dim < 0 || dense_dim < 0 || slot_num < 0) bad("label_dim, dense_dim and slot_num must be >= 0");

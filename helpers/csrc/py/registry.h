@@ -1,6 +1,8 @@
 // Each csrc/py/<capability>_bindings.cc registers its functions here with a static
-// EMBEDLAB_PY_BINDINGS(name) { ... } block, so a new capability adds a file and never edits
-// module.cc. CUDA binding files end in _cuda_bindings.cc and are compiled only with CUDA.
+// EMBEDLAB_PY_BINDINGS(name) { ... } block, and module.cc runs every registered block on the new
+// module, so a new capability adds a file and never edits module.cc. CUDA binding files end in
+// _cuda_bindings.cc and are compiled only with CUDA. The blocks run in no set order (static
+// initialization order across files is unspecified): none may rely on another's definitions.
 #pragma once
 #include <nanobind/nanobind.h>
 

@@ -1,5 +1,5 @@
 // CUDA routing (csrc/core/routing_cuda.cu) over DLPack device arrays (PyTorch, CuPy), checked
-// on the GPU against route_keys (CPU) and a NumPy oracle. Conventions as in cuda_bindings.cc:
+// on the GPU against route_keys (CPU) and a NumPy oracle. Conventions as in embedding_cuda_bindings.cc:
 // `stream` is the caller's cudaStream_t as an int; scratch is a stream-ordered allocation.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -14,32 +14,28 @@
 #include <string>
 #include <vector>
 
+#include "common.h"
 #include "registry.h"
 #include "routing.h"
+#include "routing_bindings.h"
 
 namespace nb = nanobind;
 using namespace embedlab;
-
-namespace embedlab_py {
-std::vector<RouteTable> route_tables(const char* fn, const std::vector<int>& modes, const std::vector<int64_t>& rows,
-                                     const std::vector<int>& ranks);
-std::string bad_key_message(const RouteStatus& st, const std::vector<int64_t>& offsets, const RouteTable& t);
-}  // namespace embedlab_py
 
 namespace {
 
 using Arr = nb::ndarray<>;
 using H1 = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-[[noreturn]] void fail(const char* fn, const std::string& msg) {
-  throw nb::value_error((std::string(fn) + ": " + msg).c_str());
-}
+using embedlab_py::fail;
 
 // A C-contiguous int64 CUDA array of `expected_size` elements (any size when expected_size < 0)
 // on `device` (-1: any; the first array fixes it).
 int64_t* dev_i64(const char* fn, const char* name, const Arr& a, int64_t expected_size, int* device) {
-  if (a.device_type() != nb::device::cuda::value) fail(fn, std::string(name) + " must be a CUDA array");
-  if (a.dtype() != nb::dtype<int64_t>()) fail(fn, std::string(name) + " must be int64");
+  if (a.device_type() != nb::device::cuda::value)
+    fail(fn, std::string(name) + " must be a CUDA device array (a torch.cuda tensor or a CuPy array)");
+  if (a.dtype() != nb::dtype<int64_t>())
+    fail(fn, std::string(name) + " must have dtype int64, got " + embedlab_py::dtype_name(a.dtype()));
   if (expected_size >= 0 && a.size() != static_cast<size_t>(expected_size))
     fail(fn, std::string(name) + " has " + std::to_string(a.size()) + " elements, needs " + std::to_string(expected_size));
   if (a.size() > 1) {
@@ -93,12 +89,11 @@ int64_t* status_ptr(const char* fn, const std::optional<Arr>& status, int* devic
 }
 
 void make_current(const char* fn, int device) {
-  const cudaError_t e = cudaSetDevice(device < 0 ? 0 : device);
-  if (e != cudaSuccess) throw std::runtime_error(std::string(fn) + ": cudaSetDevice failed: " + cudaGetErrorString(e));
+  embedlab_py::cuda_check(fn, cudaSetDevice(device < 0 ? 0 : device), "cudaSetDevice");
 }
 
-// Scratch: the caller's uint8 device array (checked first, with the GIL held), or a
-// stream-ordered allocation freed on scope exit.
+// Scratch: the caller's uint8 device array (checked first, with the GIL held), or else
+// (nullptr) a StreamScratch allocation.
 void* given_workspace(const char* fn, const std::optional<Arr>& ws, size_t bytes, int* device) {
   if (!ws) return nullptr;
   if (ws->device_type() != nb::device::cuda::value || ws->dtype() != nb::dtype<uint8_t>() || ws->ndim() != 1)
@@ -110,21 +105,6 @@ void* given_workspace(const char* fn, const std::optional<Arr>& ws, size_t bytes
     fail(fn, "workspace is on device " + std::to_string(ws->device_id()) + ", keys on device " + std::to_string(*device));
   return ws->data();
 }
-
-struct Scratch {
-  void* p = nullptr;
-  cudaStream_t s;
-  bool owned = false;
-  Scratch(void* given, size_t bytes, cudaStream_t stream) : p(given), s(stream) {
-    if (p) return;
-    const cudaError_t e = cudaMallocAsync(&p, bytes, s);
-    if (e != cudaSuccess) throw std::runtime_error(std::string("routing: cudaMallocAsync failed: ") + cudaGetErrorString(e));
-    owned = true;
-  }
-  ~Scratch() {
-    if (owned) cudaFreeAsync(p, s);
-  }
-};
 
 // Bytes of scratch both calls need (the scatter keeps its status words in the last 256).
 size_t scratch_bytes(const RouteArgs& a) { return route_cuda_workspace_size(a) + 256; }
@@ -168,9 +148,9 @@ EMBEDLAB_PY_BINDINGS(routing_cuda) {
         RouteStatus st;
         {
           nb::gil_scoped_release release;
-          Scratch ws(given, bytes, s);
-          if (st_dev) route_count_cuda_async(c.args, st_dev, ws.p, bytes, s);
-          else st = route_count_cuda(c.args, ws.p, bytes, s);
+          embedlab_py::StreamScratch ws(fn, given, bytes, s);
+          if (st_dev) route_count_cuda_async(c.args, st_dev, ws.get(), bytes, s);
+          else st = route_count_cuda(c.args, ws.get(), bytes, s);
         }
         if (st_dev) return nb::none();
         if (st.bad_index >= 0)
@@ -208,10 +188,10 @@ EMBEDLAB_PY_BINDINGS(routing_cuda) {
         RouteStatus st;
         {
           nb::gil_scoped_release release;
-          Scratch ws(given, bytes, s);
+          embedlab_py::StreamScratch ws(fn, given, bytes, s);
           // without a caller's status array, the words go to the workspace's last 256 bytes
-          int64_t* words = st_dev ? st_dev : reinterpret_cast<int64_t*>(static_cast<char*>(ws.p) + bytes - 256);
-          route_scatter_cuda(c.args, stride, s_ptr, static_cast<int64_t>(send.size()), i_ptr, words, ws.p, bytes - 256,
+          int64_t* words = st_dev ? st_dev : reinterpret_cast<int64_t*>(static_cast<char*>(ws.get()) + bytes - 256);
+          route_scatter_cuda(c.args, stride, s_ptr, static_cast<int64_t>(send.size()), i_ptr, words, ws.get(), bytes - 256,
                              s);
           if (check) st = read_route_status(words, s);
         }

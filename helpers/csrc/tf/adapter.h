@@ -1,4 +1,4 @@
-// Pieces shared by the CPU (embedding_kernels.cc) and GPU (embedding_kernels_gpu.cc) adapters:
+// Pieces shared by the CPU (*_kernels.cc) and GPU (*_kernels_gpu.cc) adapters of csrc/tf:
 // error locations, reader locks, the lookup ops' attributes and the reading of their tables
 // and CSR inputs. Validation that depends on the device (key ranges) stays in each adapter.
 #pragma once

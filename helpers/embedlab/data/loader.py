@@ -15,10 +15,24 @@ Memory is bounded by the buffer, not by the dataset: about
 ahead, the batches in flight), whatever the number of files.
 
 Example:
-    >>> from embedlab.data import ParquetLoader                             # doctest: +SKIP
-    >>> train = ParquetLoader("criteo_parquet/train", batch_size=4096, seed=0)
-    >>> model.fit(train, epochs=1)                   # a Keras data adapter: no wrapping needed
-    >>> ds = train.to_tf_dataset()                   # or a tf.data.Dataset, to map/zip/prefetch
+    >>> import keras
+    >>> from embedlab.data import ParquetLoader, criteo
+    >>> txt = criteo.generate("day.txt", rows=2000, seed=0, progress=False)
+    >>> _ = criteo.preprocess(txt, "criteo_parquet", progress=False)
+    >>> train = ParquetLoader("criteo_parquet/train", batch_size=256, seed=0)
+    >>> x, y = next(iter(train))         # a dict of columns, and the labels
+    >>> tuple(x["dense"].shape), tuple(x["C1"].shape), tuple(y.shape)
+    ((256, 13), (256,), (256, 1))
+    >>> class CTR(keras.Model):           # any Keras model taking the dict
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.out = keras.layers.Dense(1, activation="sigmoid")
+    ...     def call(self, x):
+    ...         return self.out(x["dense"])
+    >>> model = CTR()
+    >>> model.compile("adam", "binary_crossentropy")
+    >>> _ = model.fit(train, epochs=1, verbose=0)   # a Keras data adapter: no wrapping
+    >>> ds = train.to_tf_dataset()       # or a tf.data.Dataset, to map/zip
 """
 from __future__ import annotations
 
@@ -118,9 +132,15 @@ class ParquetLoader(_Base):
     hand-offs (see helpers/benchmarks/RESULTS.md for measured rates).
 
     Example:
-        >>> ld = ParquetLoader("pq/train", 1024, seed=1, sparse_key=None)      # doctest: +SKIP
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> from embedlab.data.formats import write_parquet
+        >>> p = write_parquet(Path(tempfile.mkdtemp()) / "train.parquet", {
+        ...     "label": np.zeros(8, np.float32), "C1": np.arange(8),
+        ...     **{f"I{i}": np.ones(8, np.float32) for i in range(1, 14)}})
+        >>> ld = ParquetLoader(p, 4, seed=1, sparse_key=None)
         >>> feats, y = next(iter(ld)); feats["dense"].shape, feats["C1"].shape, y.shape
-        (TensorShape([1024, 13]), TensorShape([1024]), TensorShape([1024, 1]))
+        (TensorShape([4, 13]), TensorShape([4]), TensorShape([4, 1]))
     """
 
     def __init__(self, src, batch_size: int, *, label: str = LABEL,
@@ -419,7 +439,12 @@ class ParquetLoader(_Base):
         """A `tf.data.Dataset` over this loader (each iteration of it is one new epoch).
 
         Example:
-            >>> ds = loader.to_tf_dataset().map(lambda x, y: (x, y))       # doctest: +SKIP
+            >>> from embedlab.data import criteo
+            >>> txt = criteo.generate("day.txt", rows=1000, seed=0, progress=False)
+            >>> _ = criteo.preprocess(txt, "pq", progress=False)
+            >>> ds = ParquetLoader("pq/train", batch_size=100).to_tf_dataset().map(lambda x, y: (x["dense"], y))
+            >>> ds.element_spec[0].shape.as_list()
+            [None, 13]
         """
         import tensorflow as tf
         if self.output != "tf":

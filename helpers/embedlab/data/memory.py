@@ -10,7 +10,7 @@ result travel by pickle.
     >>> from embedlab.data import memory
     >>> rows, mem = memory.peak_rss(memory.loader_epoch, "parquet/train", 4096,
     ...                             preload=("tensorflow",))                    # doctest: +SKIP
-    >>> mem.added_mib                                    # what one loader epoch added
+    >>> mem.added_mib                       # what one loader epoch added   # doctest: +SKIP
 """
 from __future__ import annotations
 

@@ -55,9 +55,18 @@ def Init(global_batch_size: int, ps_config_file) -> str:
         HPSConfigError: bad file or field (named); TierError: a tier cannot be set up.
 
     Example:
-        >>> hps.Init(global_batch_size=1024, ps_config_file="hps.json")   # doctest: +SKIP
+        >>> import json, numpy as np
+        >>> from embedlab.sparse_model import write_sparse_model
+        >>> _ = write_sparse_model("demo.model", np.arange(10), np.arange(20, dtype=np.float32).reshape(10, 2))
+        >>> with open("hps.json", "w") as f:
+        ...     json.dump({"models": [{"model": "demo", "sparse_files": ["demo.model"],
+        ...                             "embedding_vecsize_per_table": [2]}]}, f)
+        >>> import embedlab.hps as hps
+        >>> hps.Init(global_batch_size=1024, ps_config_file="hps.json")
         'OK'
-        >>> hps.get_server("hps.json").stats()["tiers"]                  # doctest: +SKIP
+        >>> hps.get_server("hps.json") is hps.get_server("hps.json")
+        True
+        >>> hps.shutdown("hps.json")
     """
     _start(global_batch_size, ps_config_file)
     return "OK"

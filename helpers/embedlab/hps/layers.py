@@ -115,7 +115,17 @@ class LookupLayer(tf.keras.layers.Layer):
     each vector clipped to an l2-norm of ``max_norm`` as ``tf.nn.embedding_lookup`` clips.
 
     Example:
-        >>> emb = hps.LookupLayer("demo", 0, 16, ps_config_file="hps.json")(ids)  # doctest: +SKIP
+        >>> import json, numpy as np
+        >>> from embedlab.sparse_model import write_sparse_model
+        >>> _ = write_sparse_model("demo.model", np.arange(10), np.arange(20, dtype=np.float32).reshape(10, 2))
+        >>> with open("hps.json", "w") as f:
+        ...     json.dump({"models": [{"model": "demo", "sparse_files": ["demo.model"],
+        ...                             "embedding_vecsize_per_table": [2]}]}, f)
+        >>> import embedlab.hps as hps
+        >>> emb = hps.LookupLayer("demo", 0, 2, ps_config_file="hps.json")(tf.constant([[1, 5]], tf.int64))
+        >>> emb.numpy().tolist()
+        [[[2.0, 3.0], [10.0, 11.0]]]
+        >>> hps.shutdown("hps.json")
     """
 
     def __init__(self, model_name, table_id, emb_vec_size, emb_vec_dtype=tf.float32, ps_config_file="",

@@ -12,10 +12,12 @@ password, keeps nothing on disk (no RDB snapshots, no AOF) and lives in a tempor
 ``stop()`` removes.
 
 Example:
-    >>> from embedlab.hps.redis import hps_redis            # doctest: +SKIP
-    >>> r = hps_redis()                                     # doctest: +SKIP
-    >>> cfg = {"volatile_db": r.volatile_db(), ...}         # doctest: +SKIP
-    >>> r.stop()                                            # doctest: +SKIP
+    >>> from embedlab.hps.redis import hps_redis
+    >>> r = hps_redis()
+    >>> cfg = {"volatile_db": r.volatile_db(), "models": []}
+    >>> cfg["volatile_db"]["type"]
+    'redis_cluster'
+    >>> r.stop()
 """
 from __future__ import annotations
 
@@ -410,9 +412,13 @@ def hps_redis(environ=None, **local) -> "ExternalRedis | RedisServer":
             missing, or the password is set without an address; the message names the variable.
 
     Example:
-        >>> r = hps_redis()                                               # doctest: +SKIP
+        >>> r = hps_redis({"EMBEDLAB_REDIS_ADDRESS": "redis:6379"})       # doctest: +SKIP
         >>> print(r.describe())                                           # doctest: +SKIP
         the Redis at redis:6379 named by EMBEDLAB_REDIS_ADDRESS (...)
+        >>> hps_redis({"EMBEDLAB_REDIS_PASSWORD": "secret"})
+        Traceback (most recent call last):
+        ...
+        embedlab.hps.redis.RedisSettingError: ...
     """
     env = os.environ if environ is None else environ
     address = env.get(ADDRESS_ENV, "").strip()

@@ -5,6 +5,7 @@ No TensorFlow here: the Triton python backend runs this module in a process with
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import queue
@@ -81,6 +82,188 @@ class _Table:
     keys: int = 0
 
 
+class _GuardedTier:
+    """One tier on the lookup path with its counters and its outage state.
+
+    ``call`` runs a function on the tier without holding the server's lock (a Redis call may
+    wait a socket timeout); the state (counters, down or up, rows to forget) changes under that
+    lock, briefly. While the tier is down, calls within ``retry_after`` of the last failure skip
+    it; after that one caller at a time tries it (the others go on skipping it), and only that
+    caller marks it back. Rows updated while it was down (``forget``) are erased from it before
+    it is marked back, those remembered during the try included, so it never serves their old
+    values once it is up. A read that began before an outage and fails after the tier is back
+    counts as an error of that outage, not as a new one.
+    """
+
+    def __init__(self, which: str, tier, stats: _TierStats, server: "ParameterServer"):
+        self.which, self.tier, self.stats = which, tier, stats
+        self._server = server
+        self._lock = server._lock
+        self._probing = False
+        self._dirty: list = []      # (table, keys) to erase from the tier before it serves again
+        self._phase = 0             # +1 each time the tier is marked down or back
+
+    @property
+    def kind(self) -> str:
+        return getattr(self.tier, "kind", self.which)
+
+    def call(self, fn, fallback=None, remember=None):
+        """fn() on the tier; on TierUnavailable / TierFull (or skipped while down) returns fallback
+        and, when given, remembers the rows ``remember`` = (table, keys) to erase later."""
+        st = self.stats
+        with self._lock:
+            phase = self._phase
+            probe = st.down_since is not None
+            if probe:
+                if self._probing or time.monotonic() - st.down_since < st.retry_after:
+                    st.errors += 1
+                    if remember is not None:
+                        self._dirty.append(remember)
+                    return fallback
+                self._probing = True
+        try:
+            if probe:
+                # Back from an outage: first forget the rows updated meanwhile (it may hold their
+                # old values), then serve from it.
+                self._erase_dirty(mark_back=False)
+            out = fn()
+            if probe:
+                self._erase_dirty(mark_back=True)
+        except TierFull as e:
+            # Full, not down: reads go on from it; the rows refused stay in the tiers below.
+            with self._lock:
+                if not st.writes_refused:
+                    log.warning("HPS %s tier (%s) refused a write (full); lookups stay exact from the tiers "
+                                "below, and the refusals are counted in stats()['tiers']['%s']['writes_refused']: "
+                                "%s", self.which, self.kind, self.which, e)
+                st.writes_refused += 1
+                st.last_error = str(e)
+                if remember is not None:
+                    self._dirty.append(remember)
+            return fallback
+        except TierUnavailable as e:
+            with self._lock:
+                st.errors += 1
+                st.last_error = str(e)
+                if st.down_since is None and phase != self._phase and remember is None:
+                    # A read that began before an outage which has ended since (a try found the
+                    # tier back meanwhile): its failure belongs to that outage. The tier stays in
+                    # use; if it fails again, the next call marks it down.
+                    return fallback
+                if st.down_since is None:
+                    self._phase += 1
+                    st.outages += 1
+                    st.outage_start = time.monotonic()
+                    st.retry_after = self._server.retry_seconds
+                    log.warning("HPS %s tier (%s) unavailable, lookups go on without it: %s", self.which,
+                                self.kind, e)
+                else:
+                    # Still down: wait twice as long before the next try (a hung Redis costs the
+                    # lookup that tries it a socket timeout).
+                    st.retry_after = min(2 * st.retry_after, self._server.max_retry_seconds)
+                st.down_since = time.monotonic()
+                if remember is not None:
+                    self._dirty.append(remember)
+            return fallback
+        finally:
+            if probe:
+                with self._lock:
+                    self._probing = False
+        return out
+
+    def _erase_dirty(self, mark_back: bool) -> None:
+        """Erases the remembered rows until none is left; with mark_back, marks the tier back in
+        the same critical section that finds the list empty (so no row remembered meanwhile is
+        served old). Raises what the tier raises (the rows not erased stay remembered)."""
+        while True:
+            with self._lock:
+                if not self._dirty:
+                    st = self.stats
+                    if mark_back and st.down_since is not None:
+                        log.warning("HPS %s tier (%s) is back after %.1f s", self.which, self.kind,
+                                    time.monotonic() - st.outage_start)
+                        st.down_since = None
+                        self._phase += 1
+                    return
+                dirty, self._dirty = self._dirty, []
+            done = 0
+            try:
+                for name, k in dirty:
+                    self.tier.erase(name, k)
+                    done += 1
+            except BaseException:
+                with self._lock:
+                    self._dirty[:0] = dirty[done:]
+                raise
+
+    def forget(self, name: str, keys: np.ndarray) -> None:
+        """The tier did not take new rows for keys (down, or full): it must not answer their old
+        rows. Erased now when it can be (a full Redis still deletes), else before it serves again."""
+        self.call(lambda: self.tier.erase(name, keys), fallback=False, remember=(name, keys.copy()))
+
+    def find(self, name: str, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """tier.find, timed and counted; all positions missing when the tier is skipped or fails."""
+        t0 = time.perf_counter()
+        missing = self.call(lambda: self.tier.find(name, keys, out), fallback=None)
+        dt = time.perf_counter() - t0
+        if missing is None:
+            missing = np.arange(keys.shape[0], dtype=np.int64)
+            hits = 0
+        else:
+            hits = keys.shape[0] - missing.shape[0]
+        with self._lock:
+            st = self.stats
+            st.seconds += dt
+            st.calls += 1
+            st.hits += hits
+            st.misses += missing.shape[0]
+        return missing
+
+
+class _WriteGate:
+    """Orders the writes into the tiers below the cache. Writers (update, refresh) hold it
+    alone, one at a time; a lookup's upward insertion into the volatile DB holds it shared, and
+    never waits for it: when a writer holds or wants it, the insertion is skipped (its rows may
+    be older than the writer's; they stay in the tier below)."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._writers = threading.Lock()
+        self._shared = 0
+        self._writer = False
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        with self._writers:
+            with self._cond:
+                self._writer = True
+                while self._shared:
+                    self._cond.wait()
+            try:
+                yield
+            finally:
+                with self._cond:
+                    self._writer = False
+
+    @contextlib.contextmanager
+    def shared_or_skip(self):
+        """Yields True while held shared, False (not held) when a writer holds or wants it."""
+        with self._cond:
+            if self._writer:
+                ok = False
+            else:
+                self._shared += 1
+                ok = True
+        try:
+            yield ok
+        finally:
+            if ok:
+                with self._cond:
+                    self._shared -= 1
+                    if not self._shared:
+                        self._cond.notify_all()
+
+
 class ParameterServer:
     """HugeCTR's HPS over EmbedLab's tiers, configured by the HPS JSON.
 
@@ -102,11 +285,19 @@ class ParameterServer:
     once, counted in ``stats()`` with the cause (``last_error``), and skipped: lookups go on from
     the tiers that remain. It is tried again after ``retry_seconds``, then after twice as long
     each time it is still down (up to ``max_retry_seconds``: a hung Redis costs the lookup that
-    tries it a socket timeout), and logged again when it is back; rows updated while it was down are erased from it before it
-    serves again (it may still hold their old values), and background cache insertions queued
-    before an ``update`` / ``refresh`` are dropped, so no lookup returns a row older than the
-    last update. A tier that cannot be set up at start-up (an unreadable RocksDB
-    path, Redis unreachable) raises :class:`~embedlab.hps.tiers.TierError` naming it.
+    tries it a socket timeout; while one lookup tries it, the others go on without it), and
+    logged again when it is back; rows updated while it was down are erased from it before it
+    serves again (it may still hold their old values). A tier that cannot be set up at start-up
+    (an unreadable RocksDB path, Redis unreachable) raises :class:`~embedlab.hps.tiers.TierError`
+    naming it.
+
+    Threads: ``lookup`` may be called from any number of threads; no lock is held while a tier
+    is asked, so a lookup waiting on Redis holds up no other (one that the cache answers returns
+    at once). ``update`` and ``refresh`` run one at a time. A lookup returns, for each key, its
+    row from before or after an update that runs meanwhile, and after ``update`` returns every
+    lookup started later sees the new rows: rows read while an update or refresh ran are not
+    moved up (into the cache, now or by the background thread, or into the volatile DB), so no
+    tier gets back a row older than the last update.
 
     Args:
         ps_config: the HPS JSON file, a dict with its content, or an :class:`HPSConfig`.
@@ -115,8 +306,16 @@ class ParameterServer:
         max_retry_seconds: the longest it is skipped while an outage lasts.
 
     Example:
-        >>> ps = ParameterServer("hps.json")                    # doctest: +SKIP
-        >>> vectors = ps.lookup("demo", 0, np.array([1, 5, 7]))  # doctest: +SKIP
+        >>> import json, numpy as np
+        >>> from embedlab.sparse_model import write_sparse_model
+        >>> _ = write_sparse_model("demo.model", np.arange(10), np.arange(20, dtype=np.float32).reshape(10, 2))
+        >>> with open("hps.json", "w") as f:
+        ...     json.dump({"models": [{"model": "demo", "sparse_files": ["demo.model"],
+        ...                             "embedding_vecsize_per_table": [2]}]}, f)
+        >>> ps = ParameterServer("hps.json")
+        >>> ps.lookup("demo", 0, np.array([1, 5, 7])).tolist()
+        [[2.0, 3.0], [10.0, 11.0], [14.0, 15.0]]
+        >>> ps.close()
     """
 
     def __init__(self, ps_config, retry_seconds: float = 0.5, max_retry_seconds: float = 8.0):
@@ -130,16 +329,19 @@ class ParameterServer:
         self.report = list(self.config.report)
         self.retry_seconds = float(retry_seconds)
         self.max_retry_seconds = float(max_retry_seconds)
-        self._lock = threading.RLock()
+        # Guards the counters, the tiers' outage state and the epoch; never held across a call into
+        # the volatile or persistent DB (lookups run side by side; a hung Redis holds up only the
+        # lookups that wait for it).
+        self._lock = threading.Lock()
+        self._gate = _WriteGate()
         self._tables: dict[tuple[str, int], _Table] = {}
         self._stats = {"cache": _TierStats(), "volatile": _TierStats(), "persistent": _TierStats()}
         self._closed = False
-        # Bumped by update() / refresh(): a background cache insertion queued before it may carry
-        # an old row, so the worker drops insertions from an older epoch.
+        # Odd while update() / refresh() writes, bumped at its start and end. A row read by a
+        # lookup moves up (into the cache, now or in the background, or into the volatile DB)
+        # only if the epoch is the even value it was when the lookup began: no write overlapped
+        # the read, so the row is not older than one the tiers already hold.
         self._epoch = 0
-        # Rows updated while the volatile tier was down: erased from it when it is back (it may
-        # still hold their old values).
-        self._volatile_dirty: list = []
         self._queue: queue.Queue = queue.Queue(maxsize=64)
         self._worker: threading.Thread | None = None
         cfg = self.config
@@ -147,6 +349,9 @@ class ParameterServer:
         self.volatile = None
         self.persistent = None
         self._caches: dict[str, CacheTier] = {}
+        self._g_volatile: _GuardedTier | None = None
+        self._g_persistent: _GuardedTier | None = None
+        self._paths: dict[str, list[_GuardedTier]] = {}
         try:
             vt = cfg.volatile_db.type
             if vt in ("hash_map", "parallel_hash_map"):
@@ -157,6 +362,15 @@ class ParameterServer:
                 self.persistent = RocksDBTier(cfg.persistent_db)
             caches = {m.embedding_cache_type for m in cfg.models if m.gpucache}
             self._caches = {t: CacheTier(static=(t == "static")) for t in caches}
+            g_caches = {t: _GuardedTier("cache", c, self._stats["cache"], self) for t, c in self._caches.items()}
+            if self.volatile is not None:
+                self._g_volatile = _GuardedTier("volatile", self.volatile, self._stats["volatile"], self)
+            if self.persistent is not None:
+                self._g_persistent = _GuardedTier("persistent", self.persistent, self._stats["persistent"], self)
+            for m in cfg.models:
+                # The tiers a lookup of this model walks, top down.
+                path = [g_caches[m.embedding_cache_type]] if m.gpucache else []
+                self._paths[m.model] = path + [g for g in (self._g_volatile, self._g_persistent) if g is not None]
             for m in cfg.models:
                 self._load_model(m)
         except BaseException:
@@ -195,9 +409,9 @@ class ParameterServer:
             vc = self.config.volatile_db
             if self.volatile is not None and (vc.initialize_after_startup or reload):
                 k = n if reload else int(math.floor(vc.initial_cache_rate * n + 1e-9))
-                if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(name, keys[:k], vecs[:k]),
-                               fallback=False) is False and reload:
-                    self._forget_volatile(name, keys)
+                if self._g_volatile.call(lambda: self.volatile.insert(name, keys[:k], vecs[:k]),
+                                         fallback=False) is False and reload:
+                    self._g_volatile.forget(name, keys)
             pc = self.config.persistent_db
             if self.persistent is not None and not self.persistent.read_only and (pc.initialize_after_startup or reload):
                 self.persistent.insert(name, keys, vecs, bulk=True)
@@ -214,13 +428,6 @@ class ParameterServer:
         return loaded
 
     # ---- helpers ----------------------------------------------------------------------------
-    def _forget_volatile(self, name: str, keys: np.ndarray) -> None:
-        """The volatile tier did not take new rows for keys (down, or full): it must not answer
-        their old rows. Erased now when it can be (a full Redis still deletes), else when it is
-        back from its outage."""
-        if self._guard(self.volatile, "volatile", lambda: self.volatile.erase(name, keys), fallback=False) is False:
-            self._volatile_dirty.append((name, keys.copy()))
-
     def _table(self, model, table_id) -> _Table:
         if not isinstance(model, str):
             raise HPSLookupError(f"HPS: model must be a model name (str), got {model!r}")
@@ -247,65 +454,6 @@ class ParameterServer:
         if not self.config.supportlonglong and a.size and (a.min() < -2**31 or a.max() >= 2**31):
             raise HPSLookupError("HPS: supportlonglong is false but keys hold values outside int32")
         return np.ascontiguousarray(a, dtype=np.int64)
-
-    def _guard(self, tier, which: str, fn, fallback=None):
-        """Runs fn on a tier; on TierUnavailable logs once, counts, marks it down and returns fallback."""
-        st = self._stats[which]
-        if st.down_since is not None and time.monotonic() - st.down_since < st.retry_after:
-            st.errors += 1
-            return fallback
-        try:
-            if st.down_since is not None and which == "volatile" and self._volatile_dirty:
-                # Back from an outage: first forget the rows updated meanwhile (it may hold their
-                # old values), then serve from it.
-                dirty = self._volatile_dirty
-                for name, k in dirty:
-                    tier.erase(name, k)
-                self._volatile_dirty = []
-            out = fn()
-        except TierFull as e:
-            # Full, not down: reads go on from it; the rows refused stay in the tiers below.
-            if not st.writes_refused:
-                log.warning("HPS %s tier (%s) refused a write (full); lookups stay exact from the tiers "
-                            "below, and the refusals are counted in stats()['tiers']['%s']['writes_refused']: %s",
-                            which, getattr(tier, "kind", which), which, e)
-            st.writes_refused += 1
-            st.last_error = str(e)
-            return fallback
-        except TierUnavailable as e:
-            st.errors += 1
-            st.last_error = str(e)
-            if st.down_since is None:
-                st.outages += 1
-                st.outage_start = time.monotonic()
-                st.retry_after = self.retry_seconds
-                log.warning("HPS %s tier (%s) unavailable, lookups go on without it: %s", which,
-                            getattr(tier, "kind", which), e)
-            else:
-                # Still down: wait twice as long before the next try (a hung Redis costs the
-                # lookup that tries it a socket timeout).
-                st.retry_after = min(2 * st.retry_after, self.max_retry_seconds)
-            st.down_since = time.monotonic()
-            return fallback
-        if st.down_since is not None:
-            log.warning("HPS %s tier (%s) is back after %.1f s", which, getattr(tier, "kind", which),
-                        time.monotonic() - st.outage_start)
-            st.down_since = None
-        return out
-
-    def _timed_find(self, tier, which, name, keys, out):
-        st = self._stats[which]
-        t0 = time.perf_counter()
-        all_missing = np.arange(keys.shape[0], dtype=np.int64)
-        missing = self._guard(tier, which, lambda: tier.find(name, keys, out), fallback=None)
-        st.seconds += time.perf_counter() - t0
-        st.calls += 1
-        if missing is None:
-            missing = all_missing
-        else:
-            st.hits += keys.shape[0] - missing.shape[0]
-        st.misses += missing.shape[0]
-        return missing
 
     # ---- public API -------------------------------------------------------------------------
     def lookup(self, model: str, table_id: int, keys, return_defaulted: bool = False):
@@ -335,62 +483,78 @@ class ParameterServer:
         u = ukeys.shape[0]
         out = np.empty((u, tab.dim), np.float32)
         mcfg = self.config.model(model)
-        cache = self._cache_for(mcfg)
+        path = self._paths[model]
         with self._lock:
             tab.lookups += 1
             tab.keys += n
-            if cache is not None:
-                missing = self._timed_find(cache, "cache", tab.name, ukeys, out)
-            else:
-                missing = np.arange(u, dtype=np.int64)
-            cache_hit_rate = 1.0 - missing.shape[0] / u
-            from_below = missing        # positions whose rows come from below the cache
-            from_persistent = np.zeros(0, np.int64)
-            if missing.size and self.volatile is not None:
-                tmp = np.empty((missing.shape[0], tab.dim), np.float32)
-                m2 = self._timed_find(self.volatile, "volatile", tab.name, ukeys[missing], tmp)
+            epoch = self._epoch
+        # Walk the tiers top down; each is asked for the keys the tiers above it did not hold.
+        missing = np.arange(u, dtype=np.int64)
+        missed = []                 # per tier: the positions it was asked for and did not hold
+        for g in path:
+            whole = missing.shape[0] == u
+            dst = out if whole else np.empty((missing.shape[0], tab.dim), np.float32)
+            m = g.find(tab.name, ukeys if whole else ukeys[missing], dst)
+            if not whole:
                 got = np.ones(missing.shape[0], bool)
-                got[m2] = False
-                out[missing[got]] = tmp[got]
-                missing = missing[m2]
-            if missing.size and self.persistent is not None:
-                tmp = np.empty((missing.shape[0], tab.dim), np.float32)
-                m3 = self._timed_find(self.persistent, "persistent", tab.name, ukeys[missing], tmp)
-                got = np.ones(missing.shape[0], bool)
-                got[m3] = False
-                out[missing[got]] = tmp[got]
-                from_persistent = missing[got]
-                missing = missing[m3]
-            defaulted = None
-            if missing.size:
-                out[missing] = tab.default
-                unique_defaulted = np.zeros(u, bool)
-                unique_defaulted[missing] = True
-                defaulted = unique_defaulted[inverse]
+                got[m] = False
+                out[missing[got]] = dst[got]
+            missing = missing[m]
+            missed.append(missing)
+            if not missing.size:
+                break
+        defaulted = None
+        if missing.size:
+            out[missing] = tab.default
+            unique_defaulted = np.zeros(u, bool)
+            unique_defaulted[missing] = True
+            defaulted = unique_defaulted[inverse]
+            with self._lock:
                 tab.defaults_returned += int(np.count_nonzero(defaulted))
-            # Upward insertion.
-            vc = self.config.volatile_db
-            if from_persistent.size and self.volatile is not None and vc.cache_missed_embeddings:
-                k, v = ukeys[from_persistent], out[from_persistent]
-                if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, k, v),
-                               fallback=False) is not False:
-                    self._stats["volatile"].inserted += int(k.size)
-            if cache is not None and from_below.size and mcfg.embedding_cache_type == "dynamic":
-                found = np.ones(from_below.shape[0], bool)
-                if missing.size:
-                    found[np.isin(from_below, missing, assume_unique=True)] = False
-                pos = from_below[found]
-                if pos.size:
-                    k, v = ukeys[pos].copy(), out[pos].copy()
-                    if cache_hit_rate < mcfg.hit_rate_threshold:
-                        cache.insert(tab.name, k, v)
-                        tab.sync_inserts += int(k.size)
-                        self._stats["cache"].inserted += int(k.size)
-                    else:
-                        self._enqueue(cache, tab, k, v, self._epoch)
+        # Upward insertion, bottom up: a tier gets the rows that it missed and a tier below held.
+        for g, below in reversed(list(zip(path, missed))):
+            if below is missing or not below.size:
+                continue
+            pos = below[~np.isin(below, missing, assume_unique=True)] if missing.size else below
+            if pos.size:
+                if g is self._g_volatile:
+                    self._insert_volatile(tab, ukeys[pos], out[pos], epoch)
+                elif g.which == "cache" and mcfg.embedding_cache_type == "dynamic":
+                    self._insert_cache(g.tier, tab, ukeys[pos], out[pos], epoch,
+                                       sync=(1.0 - missed[0].shape[0] / u) < mcfg.hit_rate_threshold)
         if return_defaulted:
             return out[inverse], (defaulted if defaulted is not None else np.zeros(n, bool))
         return out[inverse]
+
+    def _current(self, epoch: int) -> bool:
+        """True when no update / refresh ran or runs since a lookup saw ``epoch`` (under _lock)."""
+        return epoch % 2 == 0 and epoch == self._epoch
+
+    def _insert_volatile(self, tab, k, v, epoch) -> None:
+        """Rows found only in the persistent DB, into the volatile DB (``cache_missed_embeddings``)."""
+        if not self.config.volatile_db.cache_missed_embeddings:
+            return
+        with self._gate.shared_or_skip() as held:
+            if not held:
+                return
+            with self._lock:
+                current = self._current(epoch)
+            if current and self._g_volatile.call(lambda: self.volatile.insert(tab.name, k, v),
+                                                 fallback=False) is not False:
+                with self._lock:
+                    self._stats["volatile"].inserted += int(k.size)
+
+    def _insert_cache(self, cache, tab, k, v, epoch, sync: bool) -> None:
+        """Rows found below a dynamic cache, into it: before lookup returns when this batch's hit
+        rate is below ``hit_rate_threshold``, else by the background thread."""
+        if sync:
+            with self._lock:
+                if self._current(epoch):
+                    cache.insert(tab.name, k, v)
+                    tab.sync_inserts += int(k.size)
+                    self._stats["cache"].inserted += int(k.size)
+        else:
+            self._enqueue(cache, tab, k, v, epoch)
 
     def _enqueue(self, cache, tab, k, v, epoch):
         if self._worker is None or not self._worker.is_alive():
@@ -413,7 +577,7 @@ class ParameterServer:
             cache, tab, k, v, epoch = item
             try:
                 with self._lock:
-                    if not self._closed and epoch == self._epoch:
+                    if not self._closed and self._current(epoch):
                         cache.insert(tab.name, k, v)
                         tab.async_inserts += int(k.size)
                         self._stats["cache"].inserted += int(k.size)
@@ -458,14 +622,13 @@ class ParameterServer:
         if cache is not None and mcfg.embedding_cache_type == "static":
             raise HPSLookupError(f"HPS update: model {model!r} uses embedding_cache_type 'static', "
                                  "which cannot be updated; use 'dynamic'")
-        with self._lock:
-            self._epoch += 1
+        with self._writing():
             if self.persistent is not None and not self.persistent.read_only:
                 self.persistent.insert(tab.name, keys, vectors)
             if self.volatile is not None:
-                if self._guard(self.volatile, "volatile", lambda: self.volatile.insert(tab.name, keys, vectors),
-                               fallback=False) is False:
-                    self._forget_volatile(tab.name, keys)
+                if self._g_volatile.call(lambda: self.volatile.insert(tab.name, keys, vectors),
+                                         fallback=False) is False:
+                    self._g_volatile.forget(tab.name, keys)
             if cache is not None:
                 cache.update(tab.name, keys, vectors)
         return int(keys.shape[0])
@@ -473,9 +636,20 @@ class ParameterServer:
     def refresh(self, model: str) -> int:
         """Reloads the model's sparse files into the tiers (rows changed on disk); returns rows read."""
         m = self.config.model(model)
-        with self._lock:
-            self._epoch += 1
+        with self._writing():
             return self._load_model(m, reload=True)
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """One writer at a time, with the epoch odd while it writes (see ``_epoch``)."""
+        with self._gate.exclusive():
+            with self._lock:
+                self._epoch += 1
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._epoch += 1
 
     def table_info(self, model: str, table_id: int) -> dict:
         tab = self._table(model, table_id)

@@ -237,6 +237,7 @@ class RedisTier:
         self._dims: dict[str, int] = {}
         self.bad_values = 0
         self._bad_logged: set[str] = set()
+        self._count_lock = threading.Lock()     # lookups call find from several threads
         addrs = cfg.addresses
         self._unavailable = redis_unavailable_errors()
         self.socket_timeout = float(socket_timeout)
@@ -384,9 +385,11 @@ class RedisTier:
             for (p, pos), vals in zip(group, replies):
                 bad += _scatter_values(vals, pos, dim, out, found)
         if bad:
-            self.bad_values += bad
-            if table not in self._bad_logged:
+            with self._count_lock:
+                self.bad_values += bad
+                first = table not in self._bad_logged
                 self._bad_logged.add(table)
+            if first:
                 log.warning("HPS redis tier: table %s holds %d value(s) of the wrong length (expected %d bytes "
                             "= %d float32); they are treated as misses", table, bad, want, dim)
         return np.flatnonzero(~found).astype(np.int64)

@@ -36,6 +36,18 @@ REFRESH_DIR_ENV = "EMBEDLAB_STATS_REFRESH_DIR"
 _REQUEST = b"refresh\n"
 
 
+def _read_line(sock, limit: int) -> bytes:
+    """Reads from sock until a newline, `limit` bytes, or the peer's end of stream (then what
+    came, without its newline)."""
+    data = b""
+    while not data.endswith(b"\n") and len(data) < limit:
+        chunk = sock.recv(limit)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
 def flatten_stats(value, prefix: str = "", out: dict | None = None) -> dict:
     """{"a.b.c": float} for the numbers (and booleans) of a nested stats dict; strings are left out."""
     if out is None:
@@ -106,12 +118,9 @@ class StatsPublisher:
     def _answer(self, conn) -> None:
         with conn:
             conn.settimeout(2.0)
-            data = b""
-            while not data.endswith(b"\n") and len(data) < 64:
-                chunk = conn.recv(64)
-                if not chunk:
-                    return
-                data += chunk
+            data = _read_line(conn, 64)
+            if not data.endswith(b"\n") and len(data) < 64:
+                return                      # the asker went away before a whole request
             if data != _REQUEST:
                 conn.sendall(b"error: unknown request\n")
                 return
@@ -182,12 +191,7 @@ def refresh_stats(refresh_dir, timeout_s: float = 5.0) -> list[str]:
         try:
             s.connect(str(path))
             s.sendall(_REQUEST)
-            reply = b""
-            while not reply.endswith(b"\n") and len(reply) < 4096:
-                chunk = s.recv(4096)
-                if not chunk:
-                    break
-                reply += chunk
+            reply = _read_line(s, 4096)
             if not reply.startswith(b"ok "):
                 problems.append(f"{path.name}: {reply.decode(errors='replace').strip() or 'no answer'}")
         except (ConnectionRefusedError, FileNotFoundError):

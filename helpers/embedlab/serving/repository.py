@@ -101,17 +101,16 @@ def _dims(d) -> str:
     return "[ " + ", ".join(str(int(x)) for x in d) + " ]"
 
 
-def _io(kind: str, name: str, dtype: str, dims) -> str:
-    return f'{kind} [\n  {{ name: "{name}" data_type: {dtype} dims: {_dims(dims)} }}\n]\n'
+def _tensors(kind: str, specs) -> str:
+    """The ``input`` / ``output`` block of a config.pbtxt from (name, data_type, dims) triples."""
+    return f"{kind} [\n" + ",\n".join(
+        f'  {{ name: "{n}" data_type: {t} dims: {_dims(d)} }}' for n, t, d in specs) + "\n]\n"
 
 
 def _python_model_config(name: str, max_batch_size: int, inputs, outputs, instances: int,
                          max_queue_delay_us: int, params: dict) -> str:
     text = f'name: "{name}"\nbackend: "python"\nmax_batch_size: {int(max_batch_size)}\n'
-    text += "input [\n" + ",\n".join(
-        f'  {{ name: "{n}" data_type: {t} dims: {_dims(d)} }}' for n, t, d in inputs) + "\n]\n"
-    text += "output [\n" + ",\n".join(
-        f'  {{ name: "{n}" data_type: {t} dims: {_dims(d)} }}' for n, t, d in outputs) + "\n]\n"
+    text += _tensors("input", inputs) + _tensors("output", outputs)
     text += f"instance_group [ {{ count: {int(instances)} kind: KIND_CPU }} ]\n"
     text += f"dynamic_batching {{ max_queue_delay_microseconds: {int(max_queue_delay_us)} }}\n"
     text += "version_policy: { specific: { versions: 1 } }\n"
@@ -121,10 +120,7 @@ def _python_model_config(name: str, max_batch_size: int, inputs, outputs, instan
 
 def _ensemble_config(name: str, max_batch_size: int, inputs, outputs, steps) -> str:
     text = f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {int(max_batch_size)}\n'
-    text += "input [\n" + ",\n".join(
-        f'  {{ name: "{n}" data_type: {t} dims: {_dims(d)} }}' for n, t, d in inputs) + "\n]\n"
-    text += "output [\n" + ",\n".join(
-        f'  {{ name: "{n}" data_type: {t} dims: {_dims(d)} }}' for n, t, d in outputs) + "\n]\n"
+    text += _tensors("input", inputs) + _tensors("output", outputs)
     text += "ensemble_scheduling {\n  step [\n"
     parts = []
     for model, in_map, out_map in steps:
@@ -195,7 +191,7 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
     Example:
         >>> repo = write_model_repository(DATA_DIR / "hps_triton", DATA_DIR / "hps_triton" / "repository")  # doctest: +SKIP
     """
-    from embedlab.data._atomic import atomic_dir
+    from embedlab._io import atomic_dir
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     if ps_config_file is not None:
         ps = Path(ps_config_file).resolve()
@@ -255,7 +251,7 @@ def write_identity_repository(repository, *, keys_per_sample: int, max_batch_siz
     HTTP/gRPC front end, the ensemble scheduler and two python-backend hops with no work, the
     ceiling any model served this way is measured against.
     """
-    from embedlab.data._atomic import atomic_dir
+    from embedlab._io import atomic_dir
     k = int(keys_per_sample)
     repository = Path(repository)
     with atomic_dir(repository) as tmp:
@@ -287,7 +283,7 @@ def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
         volatile_db, persistent_db: replace those sections when given.
         model_fields: fields set on the served model's entry (`gpucacheper`, ...).
     """
-    from embedlab.data._atomic import atomic_file
+    from embedlab._io import atomic_file
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     cfg = json.loads(Path(m.ps_config_file).read_text())
     if volatile_db is not None:

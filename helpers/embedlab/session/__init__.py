@@ -24,7 +24,9 @@ from .spec import ModelError, ModelSpec, parse_model, LAYER_TYPES
 from .reader import DataReader, FormatError
 from .embedding import KeyError_ as EmbeddingKeyError
 from .model_files import DenseModelError
-from .session import ModelOversubscriber, Session, SolverConfig, auc, solver_parser_helper
+from .oversubscription import ModelOversubscriber
+from .session import Session, auc
+from .solver import SolverConfig, solver_parser_helper
 from .lr_scheduler import LearningRateScheduler, get_learning_rate_scheduler
 
 __all__ = ["Session", "solver_parser_helper", "get_learning_rate_scheduler", "LearningRateScheduler",

@@ -1,5 +1,6 @@
-"""Sparse embeddings of the Session: hash tables of a fixed capacity, their optimizers, and the
-host store that model oversubscription trains through.
+"""Sparse embeddings of the Session: hash tables of a fixed capacity, their optimizer state and
+updates (the compiled EmbedLab optimizers, or `optimizer.TFOptimizer`), and the host store that
+model oversubscription trains through.
 
 A hash embedding (`DistributedSlotSparseEmbeddingHash`, `LocalizedSlotSparseEmbeddingHash`) maps
 any int64 key to a row of a working table of `max_vocabulary_size_per_gpu` rows: the shared
@@ -33,9 +34,11 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _native
+from .._hashing import GAMMA, mix64
 from .. import ops as el_ops
 from .. import optimizers as el_opt
-from .spec import EmbeddingSpec, OptimizerSpec
+from .optimizer import TFOptimizer
+from .spec import EmbeddingSpec
 
 __all__ = ["Embedding", "HostStore", "init_values", "TFOptimizer", "KeyError_"]
 
@@ -52,146 +55,18 @@ def _hash_table(initial_capacity: int):
     return core.HashTable(max(1024, int(initial_capacity)))
 
 
-_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_COL = np.uint64(0x94D049BB133111EB)      # odd multiplier spreading the column index
 
 
 def init_values(keys, vec: int, seed: int, emb_index: int) -> np.ndarray:
     """Initial rows of `keys`: uniform in [-0.05, 0.05] (HugeCTR's hash-embedding range), a
-    function of (seed, embedding, key, column) only (splitmix64)."""
+    function of (seed, embedding, key, column) only (splitmix64's finalizer)."""
     keys = np.asarray(keys, np.int64).astype(np.uint64)
     with np.errstate(over="ignore"):
         salt = np.uint64((int(seed) * 0x632BE59BD9B4E019 + (emb_index + 1) * 0x8CB92BA72F3D8DD7) % (1 << 64))
-        z = keys[:, None] * _M1 + (np.arange(vec, dtype=np.uint64)[None, :] + np.uint64(1)) * _M3 + salt
-        z = (z ^ (z >> np.uint64(30))) * _M2
-        z = (z ^ (z >> np.uint64(27))) * _M3
-        z = z ^ (z >> np.uint64(31))
+        z = mix64(keys[:, None] * GAMMA + (np.arange(vec, dtype=np.uint64)[None, :] + np.uint64(1)) * _COL + salt)
     u = (z >> np.uint64(40)).astype(np.float64) / float(1 << 24)
     return ((2.0 * u - 1.0) * 0.05).astype(np.float32)
-
-
-# --------------------------------------------------------------------------------------
-# Optimizers (HugeCTR's update rules, in TensorFlow)
-# --------------------------------------------------------------------------------------
-
-class TFOptimizer:
-    """HugeCTR's Adam / MomentumSGD / Nesterov / SGD update rules on TensorFlow variables.
-
-    Adam:      m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr sqrt(1-b2^t)/(1-b1^t) m/(sqrt(v)+eps)
-    Momentum:  a = mu a - lr g; w += a
-    Nesterov:  a' = mu a - lr g; w += (1+mu) a' - mu a
-    SGD:       w -= lr g
-    """
-
-    def __init__(self, spec: OptimizerSpec):
-        self.spec = spec
-        self.nslots = {"Adam": 2, "MomentumSGD": 1, "Nesterov": 1, "SGD": 0}[spec.type]
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="opt_step")
-
-    def make_slots(self, var_shape, name):
-        return [tf.Variable(tf.zeros(var_shape), trainable=False, name=f"{name}_slot{i}")
-                for i in range(self.nslots)]
-
-    def rule(self, w, g, slots, lr, t):
-        """New (w, slots) from current ones and gradient g (all tensors)."""
-        s = self.spec
-        if s.type == "Adam":
-            m, v = slots
-            m = s.beta1 * m + (1 - s.beta1) * g
-            v = s.beta2 * v + (1 - s.beta2) * g * g
-            tf_ = tf.cast(t, tf.float32)
-            alpha = lr * tf.sqrt(1 - tf.pow(s.beta2, tf_)) / (1 - tf.pow(s.beta1, tf_))
-            return w - alpha * m / (tf.sqrt(v) + s.epsilon), [m, v]
-        if s.type == "MomentumSGD":
-            a = s.momentum_factor * slots[0] - lr * g
-            return w + a, [a]
-        if s.type == "Nesterov":
-            a_old = slots[0]
-            a = s.momentum_factor * a_old - lr * g
-            return w + (1 + s.momentum_factor) * a - s.momentum_factor * a_old, [a]
-        return w - lr * g, []
-
-    def apply_dense(self, grads, variables, slots, lr, t):
-        """Dense update of every variable and its state, in place: one TensorFlow training
-        kernel per variable for Adam and SGD (`ResourceApplyAdam` / `ResourceApplyGradientDescent`,
-        the same formulas as `rule`), `rule` as TensorFlow ops for MomentumSGD and Nesterov.
-
-        (Not XLA: an XLA-compiled update per variable measured no faster on the CPU and kept
-        about 100 MB of compiler state resident, which counts against oversubscription's memory.)
-        """
-        for g, w, sl in zip(grads, variables, slots):
-            if g is None:
-                continue
-            self._apply_one(w, sl, tf.convert_to_tensor(g), lr, t)
-
-    def _apply_one(self, w, sl, g, lr, t):
-        s = self.spec
-        if s.type == "Adam":
-            tf_ = tf.cast(t, tf.float32)
-            tf.raw_ops.ResourceApplyAdam(
-                var=w.handle, m=sl[0].handle, v=sl[1].handle,
-                beta1_power=tf.pow(tf.constant(s.beta1, tf.float32), tf_),
-                beta2_power=tf.pow(tf.constant(s.beta2, tf.float32), tf_),
-                lr=tf.cast(lr, tf.float32), beta1=tf.constant(s.beta1, tf.float32),
-                beta2=tf.constant(s.beta2, tf.float32), epsilon=tf.constant(s.epsilon, tf.float32), grad=g)
-        elif s.type == "SGD":
-            tf.raw_ops.ResourceApplyGradientDescent(var=w.handle, alpha=tf.cast(lr, tf.float32), delta=g)
-        else:
-            nw, ns = self.rule(w.read_value(), g, [x.read_value() for x in sl], lr, t)
-            w.assign(nw)
-            for var, val in zip(sl, ns):
-                var.assign(val)
-
-    def apply_rows(self, idx, g, table, slots, lr, t):
-        """Local / LazyGlobal: update rows idx (unique) only."""
-        w = tf.gather(table, idx)
-        nw, ns = self.rule(w, g, [tf.gather(s, idx) for s in slots], lr, t)
-        table.scatter_update(tf.IndexedSlices(nw, idx))
-        for var, val in zip(slots, ns):
-            var.scatter_update(tf.IndexedSlices(val, idx))
-
-    def adam_constants(self):
-        """beta_1, beta_2 (float64: `1 - beta` then rounds like Keras' Python floats) and epsilon,
-        as the compiled Adam ops take them."""
-        s = self.spec
-        return tf.constant(s.beta1, tf.float64), tf.constant(s.beta2, tf.float64), tf.constant(s.epsilon, tf.float32)
-
-    def apply_adam_rows(self, idx, g, table, slots, lr, t):
-        """Adam on rows idx only, compiled (`EmbedLabSparseApplyAdam`): the update a full Global
-        pass gives the rows that have a gradient."""
-        _native.tf_ops().embed_lab_sparse_apply_adam(
-            [table.handle], [slots[0].handle], [slots[1].handle], [idx], [g], tf.cast(lr, tf.float32),
-            *self.adam_constants(), tf.cast(t, tf.int64))
-
-    def apply_global(self, idx, g, table, slots, lr, t, used_rows):
-        """Global: every row is updated, untouched ones with a zero gradient. Rows no key ever
-        reached (those from `used_rows` on) have zero state and a zero gradient, which these
-        rules leave unchanged, so they are skipped.
-
-        Adam: one compiled pass over rows [0, used_rows) (`EmbedLabGlobalApplyAdam`: w, m and v
-        read and written once, no dense gradient). MomentumSGD / Nesterov: `apply_dense`'s
-        TensorFlow ops over the whole table, on a gradient scattered into its shape."""
-        s = self.spec
-        if s.type == "Adam":
-            _native.tf_ops().embed_lab_global_apply_adam(
-                [table.handle], [slots[0].handle], [slots[1].handle], [idx], [g], tf.cast(lr, tf.float32),
-                *self.adam_constants(), tf.cast(t, tf.int64), tf.reshape(tf.cast(used_rows, tf.int64), [1]))
-            return
-        dense_g = tf.scatter_nd(idx[:, None], g, tf.shape(table, out_type=tf.int64))
-        self._apply_one(table, slots, dense_g, lr, t)
-
-
-def lr_at(spec: OptimizerSpec, step: int) -> float:
-    """HugeCTR's learning-rate schedule (SGD: warm-up, then polynomial decay), for step >= 1."""
-    if spec.type != "SGD":
-        return spec.learning_rate
-    if step <= spec.warmup_steps:
-        return step * spec.learning_rate / spec.warmup_steps
-    if spec.decay_start == 0 or step <= spec.decay_start:
-        return spec.learning_rate
-    if step <= spec.decay_start + spec.decay_steps:
-        f = ((spec.decay_start + spec.decay_steps - step) / spec.decay_steps) ** spec.decay_power
-        return max(spec.learning_rate * f, spec.end_lr)
-    return spec.end_lr
 
 
 # --------------------------------------------------------------------------------------
@@ -295,11 +170,6 @@ class HostStore:
         self._release()
 
 
-def _tf_var(v):
-    t = el_ops._as_variable(v)
-    return v if t is None else t
-
-
 # --------------------------------------------------------------------------------------
 # The embedding
 # --------------------------------------------------------------------------------------
@@ -333,11 +203,7 @@ class Embedding:
             else:
                 self.kopt = el_opt.SGD(o.learning_rate, name=f"{spec.name}_sgd")
             self.kopt.build([self.table])
-            if o.type == "Adam":
-                i = self.kopt._get_variable_index(self.table)
-                self.slots = [_tf_var(self.kopt._momentums[i]), _tf_var(self.kopt._velocities[i])]
-            else:
-                self.slots = []
+            self.slots = self.kopt.slot_variables(self.table)
         else:
             self.kopt = None
             self.slots = self.tfopt.make_slots([self.capacity, self.vec], spec.name)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data._atomic import atomic_file
+from .._io import atomic_file
 
 __all__ = ["write_dense", "read_dense", "DenseModelError"]
 
@@ -22,15 +22,16 @@ class DenseModelError(ValueError):
 
 
 def write_dense(path, arrays, bn_stats=None) -> Path:
-    """Writes the dense weights (model-file order) atomically; BatchNorm statistics to a side file."""
+    """Writes the dense weights (model-file order) atomically, flushed to disk before the rename
+    (a checkpoint); BatchNorm statistics to a side file, the same way."""
     path = Path(path)
-    with atomic_file(path) as tmp:
+    with atomic_file(path, fsync=True) as tmp:
         with open(tmp, "wb") as f:
             for a in arrays:
                 f.write(np.ascontiguousarray(a, dtype="<f4").tobytes())
     if bn_stats:
         side = path.with_name(path.name + ".bn.json")
-        with atomic_file(side) as tmp:
+        with atomic_file(side, fsync=True) as tmp:
             Path(tmp).write_text(json.dumps({"layers": [
                 {"name": k, "type": "BatchNorm", "mean": np.asarray(m).tolist(), "var": np.asarray(v).tolist()}
                 for k, (m, v) in bn_stats.items()]}, indent=1))

@@ -31,11 +31,11 @@ import queue
 import threading
 import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .. import _native
+from .._io import read_file_list
 from ..data.formats import FormatError, _read_header
 from .spec import DataSpec
 
@@ -71,7 +71,7 @@ class Batch:
     sparse: list
     sources: list                     # [(file, first record in file, row in batch, count)]
     file_list: str
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)   # what a pipeline stage recorded (KeyTranslation: rows)
 
     def __len__(self):
         return self.label.shape[0]
@@ -101,31 +101,6 @@ def _concat(blocks, file_list):
         sources.append((b.path, b.first_record, row, len(b)))
         row += len(b)
     return Batch(label, dense, sparse, sources, file_list)
-
-
-def read_file_list(path) -> list[str]:
-    """The files of a HugeCTR file list (count line, then one path per line), checked to exist.
-
-    Raises:
-        FormatError naming the list and the line: a bad count line, a count that disagrees
-        with the lines, or a listed file that does not exist.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FormatError(f"file list {path} does not exist")
-    lines = [l.strip() for l in path.read_text().splitlines() if l.strip()]
-    if not lines or not lines[0].isdigit():
-        raise FormatError(f"file list {path}: line 1 must be the number of files, got "
-                          f"{lines[0] if lines else '(empty file)'!r}")
-    n, files = int(lines[0]), lines[1:]
-    if n != len(files):
-        raise FormatError(f"file list {path}: line 1 says {n} files but {len(files)} are listed")
-    for i, f in enumerate(files):
-        p = Path(f) if Path(f).is_absolute() else path.parent / f
-        if not Path(f).is_file() and not p.is_file():
-            raise FormatError(f"file list {path}: line {i + 2}: data file {f} does not exist")
-        files[i] = str(f if Path(f).is_file() else p)
-    return files
 
 
 _NORM_ERRORS = {   # csrc/core/norm_format.h NormStatus -> message (record r, slot s, offset o, values v, w)
@@ -279,12 +254,18 @@ class DataReader:
     `set_source`) points it at a new list and restarts reading. With `repeat=False`,
     `next_batch()` returns None once the list is exhausted; with `repeat=True` it starts the
     list again. The last batch of a list may be smaller than `batchsize`.
+
+    `stage`: a pipeline stage run on every batch in the background thread before it is queued
+    (`stage(batch) -> batch`; the Session's training reader has its `KeyTranslation`). When
+    `stage.stale(batch)` says a queued batch's result no longer holds (the tables were reloaded
+    after it ran), `next_batch()` runs the stage on it again before handing it over.
     """
 
     def __init__(self, data: DataSpec, batchsize: int, i64_key: bool, repeat: bool, name: str,
-                 default_source: str = "", prefetch: int = 4, raw_samples: int = 0):
+                 default_source: str = "", prefetch: int = 4, raw_samples: int = 0, stage=None):
         self.data, self.batchsize, self.i64_key, self.repeat = data, int(batchsize), i64_key, repeat
         self.name, self.prefetch, self.raw_samples = name, prefetch, raw_samples
+        self.stage = stage
         self.file_list = default_source
         self._thread = None
         self._stop = threading.Event()
@@ -292,7 +273,6 @@ class DataReader:
         self._done = False
         self._files: list[str] | None = None
         self.batches_read = 0
-        self.translate = None          # called in the reader thread on each batch (the Session's key -> row)
         self.fresh = False             # started or restarted, nothing consumed yet
 
     @property
@@ -311,7 +291,7 @@ class DataReader:
         fl = str(file_list) if file_list else self.file_list
         if not fl:
             raise ValueError(f"{self.name}: no file list given and the Data layer names none")
-        files = read_file_list(fl)
+        files = [str(f) for f in read_file_list(fl)]
         self._shutdown()
         self.file_list, self._files = fl, files
         self._done = False
@@ -324,7 +304,7 @@ class DataReader:
         if self._thread is not None or self._done:
             return
         if self._files is None:
-            self._files = read_file_list(self.file_list)
+            self._files = [str(f) for f in read_file_list(self.file_list)]
         self._stop = threading.Event()
         self._q = queue.Queue(maxsize=self.prefetch)
         self._thread = threading.Thread(target=self._run, args=(self._files, self.file_list, self._stop,
@@ -381,9 +361,7 @@ class DataReader:
             put(e)
 
     def _finish(self, batch):
-        if self.translate is not None:
-            batch.extra = self.translate(batch)
-        return batch
+        return batch if self.stage is None else self.stage(batch)
 
     def next_batch(self) -> Batch | None:
         """The next batch, or None when the list is exhausted (repeat=False)."""
@@ -403,6 +381,8 @@ class DataReader:
             self._thread = None
             raise item
         self.batches_read += 1
+        if self.stage is not None and self.stage.stale(item):
+            item = self.stage(item)
         return item
 
     def restart(self):

@@ -1,4 +1,4 @@
-"""`Session` and `solver_parser_helper`: HugeCTR v2.3's Python training interface.
+"""`Session`: HugeCTR v2.3's Python training interface (the solver arguments: `solver.py`).
 
     from embedlab.session import Session, solver_parser_helper
     solver = solver_parser_helper(batchsize=16384, repeat_dataset=False)
@@ -15,95 +15,29 @@ The model comes from a HugeCTR JSON file (`spec.parse_model`); the embeddings ar
 on EmbedLab's compiled lookup kernels with the optimizer fused into the backward (Adam / SGD,
 `Local` or `LazyGlobal` updates) or TensorFlow update rules (MomentumSGD, Nesterov, any
 `Global` update); the dense layers are TensorFlow ops. One training iteration is one compiled
-`tf.function` call: initialize the rows new keys took, look up, forward, backward, update.
-Key -> row translation happens in the data reader's background thread, so the step only sees
-row indices.
+`tf.function` call on one named structure of inputs (`step.StepInputs`): initialize the rows new
+keys took, look up, forward, backward, update. Key -> row translation is the pipeline stage
+between the reader and the step (`translate.KeyTranslation`), run in the data reader's
+background thread, so the step only sees row indices.
 """
 from __future__ import annotations
-
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
 
 from .. import sparse_model
-from ..data.formats import read_keyset
 from . import model_files
-from .embedding import Embedding, KeyError_, TFOptimizer, lr_at
+from .embedding import Embedding
 from .layers import DenseModel
+from .optimizer import TFOptimizer, lr_at
+from .oversubscription import ModelOversubscriber, _fixed_mmap_threshold
 from .reader import DataReader
+from .solver import SolverConfig, solver_parser_helper
 from .spec import ModelError, parse_model
+from .step import StepInputs
+from .translate import KeyTranslation
 
 __all__ = ["Session", "SolverConfig", "solver_parser_helper", "ModelOversubscriber", "auc"]
-
-
-@dataclass
-class SolverConfig:
-    """What `solver_parser_helper` returns (HugeCTR's `SolverParser`)."""
-    seed: int = 0
-    batchsize_eval: int = 16384
-    batchsize: int = 16384
-    model_file: str = ""
-    embedding_files: list = field(default_factory=list)
-    vvgpu: list = field(default_factory=lambda: [[0]])
-    use_mixed_precision: bool = False
-    scaler: float = 1.0
-    i64_input_key: bool = False
-    use_algorithm_search: bool = True
-    use_cuda_graph: bool = True
-    repeat_dataset: bool = False
-    max_eval_batches: int | None = None
-
-
-def solver_parser_helper(seed=0, batchsize_eval=16384, batchsize=16384, model_file="", embedding_files=(),
-                         vvgpu=((0,),), use_mixed_precision=False, scaler=1.0, i64_input_key=False,
-                         use_algorithm_search=True, use_cuda_graph=True, repeat_dataset=False,
-                         max_eval_batches=None) -> SolverConfig:
-    """The solver configuration (replaces the JSON's `solver` clause), HugeCTR v2.3's arguments.
-
-    Args:
-        seed: initializes the dense weights, the embedding rows (per key) and dropout.
-        batchsize_eval, batchsize: samples per evaluation / training batch.
-        model_file: a dense model file to start from ('' = fresh weights).
-        embedding_files: one sparse model folder per embedding to start from ([] = fresh).
-        vvgpu: the devices. Without GPUs (what TensorFlow sees), one device: `[[0]]`. With GPUs,
-            one GPU id; the Session trains on one device.
-        use_mixed_precision, scaler: float16 dense compute with this loss scale.
-        i64_input_key: the data files hold int64 keys (else uint32).
-        use_algorithm_search, use_cuda_graph: cuBLAS algorithm search and CUDA graphs in HugeCTR;
-            accepted and reported by `Session.summary()`, they change nothing here.
-        repeat_dataset: False: `train()` returns False at the end of the file list.
-        max_eval_batches: batches per `evaluation()` (None: the JSON solver's `eval_batches`,
-            else the whole evaluation list).
-
-    Example:
-        >>> cfg = solver_parser_helper(batchsize=512, batchsize_eval=512)
-        >>> cfg.batchsize, cfg.repeat_dataset
-        (512, False)
-    """
-    def _int(name, v, lo=1):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"solver_parser_helper: {name} must be an integer >= {lo}, got {v!r}")
-        return int(v)
-
-    vv = [list(x) for x in vvgpu]
-    if not vv or not all(vv) or not all(isinstance(g, (int, np.integer)) and g >= 0 for x in vv for g in x):
-        raise ValueError(f"solver_parser_helper: vvgpu must be a list of device-id lists like [[0]], got {vvgpu!r}")
-    if not isinstance(scaler, (int, float)) or scaler <= 0:
-        raise ValueError(f"solver_parser_helper: scaler must be > 0, got {scaler!r}")
-    emb = list(embedding_files)
-    if not all(isinstance(e, (str, Path)) for e in emb):
-        raise ValueError(f"solver_parser_helper: embedding_files must be a list of paths, got {embedding_files!r}")
-    return SolverConfig(seed=_int("seed", seed, 0), batchsize_eval=_int("batchsize_eval", batchsize_eval),
-                        batchsize=_int("batchsize", batchsize), model_file=str(model_file or ""),
-                        embedding_files=[str(e) for e in emb], vvgpu=vv,
-                        use_mixed_precision=bool(use_mixed_precision), scaler=float(scaler),
-                        i64_input_key=bool(i64_input_key), use_algorithm_search=bool(use_algorithm_search),
-                        use_cuda_graph=bool(use_cuda_graph), repeat_dataset=bool(repeat_dataset),
-                        max_eval_batches=None if max_eval_batches is None else _int("max_eval_batches",
-                                                                                   max_eval_batches))
 
 
 def auc(labels, scores) -> float:
@@ -123,77 +57,11 @@ def auc(labels, scores) -> float:
     return float((ranks[labels].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
-def _fixed_mmap_threshold(nbytes: int = 1 << 20):
-    """Makes glibc serve allocations >= nbytes with their own mappings, returned to the OS when
-    freed. glibc's default threshold rises to the largest block freed so far, after which the
-    reader's per-file temporaries (tens of MB) stay in the heap and the resident set creeps up
-    pass after pass; with oversubscription the resident set must track the working set.
-    Process-wide (mallopt M_MMAP_THRESHOLD); glibc only, a no-op elsewhere."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes))
-    except (OSError, AttributeError):
-        pass
-
-
-def _malloc_trim():
-    """Gives the heap memory freed by a pass switch (and by the reader thread's arena) back to
-    the OS, so that the resident set tracks the working set (glibc only; a no-op elsewhere)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 @tf.custom_gradient
 def _scale_grad(x, s):
     def grad(dy):
         return dy * s, None
     return tf.identity(x), grad
-
-
-class ModelOversubscriber:
-    """HugeCTR's `ModelPrefetcher` / `ModelOversubscriber`: `update(keyset_file | [keyset_files])`.
-
-    Writes the working rows of the previous pass (values and optimizer state) back to the host
-    store and loads exactly the rows of the keysets' keys into the working tables. Keys of the
-    keysets that no store holds yet (never trained) are admitted: they take a fresh row, with
-    their initial vector, when training first meets them. A training key outside the loaded
-    keysets is an error naming the key, the slot and the file list.
-    """
-
-    def __init__(self, session):
-        self._s = session
-        self.switches = []              # [{"bytes", "seconds", "keys"}] per update()
-
-    def update(self, keyset_files):
-        files = [keyset_files] if isinstance(keyset_files, (str, Path)) else list(keyset_files)
-        if not files:
-            raise ValueError("ModelOversubscriber.update: no keyset file given")
-        kt = "int64" if self._s.solver.i64_input_key else "uint32"
-        parts = []
-        for f in files:
-            if not Path(f).is_file():
-                raise FileNotFoundError(f"ModelOversubscriber.update: keyset file {f} does not exist")
-            parts.append(read_keyset(f, key_type=kt).astype(np.int64))
-        keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        if len(keys) > 1 and not bool(np.all(keys[1:] > keys[:-1])):
-            keys = np.unique(keys)
-        hashes = [e for e in self._s.embeddings if e.oversub]
-        total_cap = sum(e.capacity for e in hashes)
-        if len(keys) > total_cap:
-            raise KeyError_(f"ModelOversubscriber.update: the keysets {files} hold {len(keys)} keys, more than "
-                            f"the working tables hold together ({total_cap} = sum of "
-                            "max_vocabulary_size_per_gpu); nothing was loaded")
-        t0 = time.perf_counter()
-        moved = 0
-        for e in hashes:
-            moved += e.load_keyset(keys, [str(f) for f in files])
-        dt = time.perf_counter() - t0
-        self.switches.append({"bytes": moved, "seconds": dt, "keys": int(len(keys))})
-        _malloc_trim()
-        return moved
 
 
 class Session:
@@ -240,14 +108,15 @@ class Session:
         self._lr_override = None
         self.iteration = 0
         self._loss = None
+        self._step = StepInputs(spec.data, self.embeddings)
+        self._keys = KeyTranslation(self.embeddings, spec.data)
         self._train_fn = self._build_train_fn()
         self._eval_fn = self._build_eval_fn()
         d = spec.data
         self.reader_train = DataReader(d, s.batchsize, s.i64_input_key, s.repeat_dataset, "train",
-                                       default_source=d.source, raw_samples=d.num_samples)
+                                       default_source=d.source, raw_samples=d.num_samples, stage=self._keys)
         self.reader_eval = DataReader(d, s.batchsize_eval, s.i64_input_key, False, "eval",
                                       default_source=d.eval_source, raw_samples=d.eval_num_samples)
-        self.reader_train.translate = self._translate_train
         self._oversubscriber = ModelOversubscriber(self) if self.oversub else None
         if s.model_file:
             self._load_dense(s.model_file)
@@ -293,51 +162,29 @@ class Session:
 
     # ---- the compiled steps -----------------------------------------------------------
 
-    def _signature(self, train):
-        d = self.spec.data
-        sig = [tf.TensorSpec([None, d.label_dim], tf.float32), tf.TensorSpec([None, d.dense_dim], tf.float32)]
-        if train:
-            sig += [tf.TensorSpec([], tf.int64), tf.TensorSpec([], tf.float32),
-                    tf.TensorSpec([len(self.embeddings)], tf.float32)]
-        for e in self.embeddings:
-            sig += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int64)]
-            if train:
-                sig += [tf.TensorSpec([None], tf.int64), tf.TensorSpec([None, e.vec], tf.float32),
-                        tf.TensorSpec([], tf.int64)]
-        return sig
-
     def _loss_of(self, logit, label, batch):
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit))
-        p = self.spec.loss.params
-        if p.get("regularizer"):
-            ws = self.dense.regularized()
-            lam = p["lambda"]
-            if p["regularizer"] == "L2":
-                loss += lam / (2.0 * batch) * tf.add_n([tf.reduce_sum(tf.square(w)) for w in ws])
-            else:
-                loss += lam / batch * tf.add_n([tf.reduce_sum(tf.abs(w)) for w in ws])
-        return loss
+        return self.dense.loss(logit, label, batch)
 
     def _build_train_fn(self):
         embs, dense, scaler = self.embeddings, self.dense, self.solver.scaler
         d = self.spec.data
 
-        def step(*args):
-            label, dns, it, lr_d, lr_e = args[:5]
-            rest = args[5:]
-            per = [rest[5 * i:5 * i + 5] for i in range(len(embs))]
-            for e, (_, _, irows, ivals, _) in zip(embs, per):
-                e.init_rows(irows, ivals)
-            for i, (e, (_, rows, _, _, _)) in enumerate(zip(embs, per)):
-                e.begin_step(rows, lr_e[i])
+        def step(inp):
+            label, dns, it, lr_d, lr_e = inp["label"], inp["dense"], inp["iteration"], inp["lr_dense"], \
+                inp["lr_embeddings"]
+            per = inp["embeddings"]
+            for e, x in zip(embs, per):
+                e.init_rows(x["init_rows"], x["init_values"])
+            for i, (e, x) in enumerate(zip(embs, per)):
+                e.begin_step(x["rows"], lr_e[i])
             for i, e in enumerate(embs):
                 if e.compiled:
                     e.kopt.learning_rate = lr_e[i]
             batch = tf.cast(tf.shape(label)[0], tf.float32)
             with tf.GradientTape() as tape:
                 env = {d.label_top: label, d.dense_top: dns}
-                for e, (splits, rows, _, _, _) in zip(embs, per):
-                    out = e.lookup(splits, rows, train=True)
+                for e, x in zip(embs, per):
+                    out = e.lookup(x["splits"], x["rows"], train=True)
                     if scaler != 1.0:
                         out = _scale_grad(out, tf.constant(1.0 / scaler))
                     env[e.spec.top] = out
@@ -355,45 +202,28 @@ class Session:
                 gd = [None if g is None else g / scaler for g in gd]
             self.dense_opt.step.assign_add(1)
             self.dense_opt.apply_dense(gd, ws, self.dense_slots, lr_d, self.dense_opt.step)
-            for i, (e, g, (_, _, _, _, used)) in enumerate(zip(embs, ge, per)):
+            for i, (e, g, x) in enumerate(zip(embs, ge, per)):
                 if not e.compiled:
-                    e.apply(g, lr_e[i], used)
+                    e.apply(g, lr_e[i], x["rows_in_use"])
             return loss
 
         with tf.device(self.device):
-            return tf.function(step, input_signature=self._signature(True), reduce_retracing=True)
+            return tf.function(step, input_signature=[self._step.signature(True)], reduce_retracing=True)
 
     def _build_eval_fn(self):
         embs, dense = self.embeddings, self.dense
         d = self.spec.data
 
-        def step(*args):
-            label, dns = args[:2]
-            env = {d.label_top: label, d.dense_top: dns}
-            for i, e in enumerate(embs):
-                env[e.spec.top] = e.lookup(args[2 + 2 * i], args[3 + 2 * i], train=False)
+        def step(inp):
+            label = inp["label"]
+            env = {d.label_top: label, d.dense_top: inp["dense"]}
+            for e, x in zip(embs, inp["embeddings"]):
+                env[e.spec.top] = e.lookup(x["splits"], x["rows"], train=False)
             logit = dense(env, training=False, compute_dtype=self.compute_dtype)
             return tf.sigmoid(logit), self._loss_of(logit, label, tf.cast(tf.shape(label)[0], tf.float32))
 
         with tf.device(self.device):
-            return tf.function(step, input_signature=self._signature(False), reduce_retracing=True)
-
-    # ---- key translation --------------------------------------------------------------
-
-    def _translate_train(self, batch):
-        gens = [e.generation for e in self.embeddings]
-        try:
-            rows = [e.translate_train(sp[0], sp[1], batch) for e, sp in zip(self.embeddings, self._inputs(batch))]
-            return {"gens": gens, "rows": rows}
-        except KeyError_ as err:
-            # Kept on the batch until train() raises it, so without its traceback: the reader
-            # thread's frames in it (whole file blocks among their locals) and the batch would
-            # form a reference cycle that only Python's cyclic collector frees, much later.
-            return {"gens": gens, "error": err.with_traceback(None)}
-
-    def _inputs(self, batch):
-        idx = {s.top: i for i, s in enumerate(self.spec.data.sparse)}
-        return [batch.sparse[idx[e.spec.bottom]] for e in self.embeddings]
+            return tf.function(step, input_signature=[self._step.signature(False)], reduce_retracing=True)
 
     # ---- the HugeCTR API --------------------------------------------------------------
 
@@ -438,22 +268,13 @@ class Session:
             a `FormatError` (bad file), or a `KeyError_` (a key the tables cannot place),
             naming the file list, the file / key and slot; that batch is not trained.
         """
-        batch = self.reader_train.next_batch()
+        batch = self.reader_train.next_batch()       # translated by the reader's KeyTranslation stage
         if batch is None:
             return False
-        tr = batch.extra
-        if not tr or tr.get("gens") != [e.generation for e in self.embeddings]:
-            tr = self._translate_train(batch)
-        if "error" in tr:
-            raise tr["error"]
-        args = [tf.constant(batch.label), tf.constant(batch.dense), tf.constant(self.iteration + 1, tf.int64)]
+        rows = self._keys.rows(batch)
         lr_d, lr_e = self._lrs(self.iteration + 1)
-        args += [tf.constant(lr_d, tf.float32), tf.constant(lr_e, tf.float32)]
-        for e, (splits, _), rows in zip(self.embeddings, self._inputs(batch), tr["rows"]):
-            irows, ivals = e.pending_init(rows)
-            args += [tf.constant(splits), tf.constant(rows), tf.constant(irows), tf.constant(ivals),
-                     tf.constant(e.rows_in_use, tf.int64)]
-        self._loss = self._train_fn(*args)
+        self._loss = self._train_fn(self._step.train(batch, self._keys.inputs(batch), rows, self.iteration + 1,
+                                                     lr_d, lr_e))
         self.iteration += 1
         self.last_batch_size = len(batch)
         return True
@@ -479,10 +300,7 @@ class Session:
             b = r.next_batch()
             if b is None:
                 break
-            args = [tf.constant(b.label), tf.constant(b.dense)]
-            for e, (splits, keys) in zip(self.embeddings, self._inputs(b)):
-                args += [tf.constant(splits), tf.constant(e.translate_eval(keys))]
-            p, l = self._eval_fn(*args)
+            p, l = self._eval_fn(self._step.eval(b, self._keys.inputs(b), self._keys.eval_rows(b)))
             preds.append(p.numpy())
             labels.append(b.label)
             losses.append(float(l))

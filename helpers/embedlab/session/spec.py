@@ -13,41 +13,23 @@ with `leading_dim` 11 gives `[26 b, 11]`, as DeepFM uses).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+
+from ._schema import T2, T3, LayerSpec, ModelError, names as _names, need as _need
+from .layers import DENSE_TYPES, LAYERS
 
 __all__ = ["ModelError", "ModelSpec", "parse_model", "LAYER_TYPES", "EMBEDDING_TYPES",
            "OPTIMIZER_TYPES", "UPDATE_TYPES"]
 
 
-class ModelError(ValueError):
-    """A JSON model file that cannot be built; the message names the layer and the field."""
-
-
 EMBEDDING_TYPES = ("DistributedSlotSparseEmbeddingHash", "LocalizedSlotSparseEmbeddingHash",
                    "LocalizedSlotSparseEmbeddingOneHot")
-DENSE_TYPES = ("Reshape", "Concat", "Slice", "InnerProduct", "FusedInnerProduct", "ReLU", "ELU",
-               "Dropout", "MultiCross", "FmOrder2", "Multiply", "ReduceSum", "Add", "Interaction",
-               "BatchNorm", "BinaryCrossEntropyLoss")
 LAYER_TYPES = ("Data",) + EMBEDDING_TYPES + DENSE_TYPES
 OPTIMIZER_TYPES = ("Adam", "MomentumSGD", "Nesterov", "SGD")
 UPDATE_TYPES = ("Local", "Global", "LazyGlobal")
 _HPARAM_KEY = {"Adam": "adam_hparam", "MomentumSGD": "momentum_sgd_hparam",
                "Nesterov": "nesterov_hparam", "SGD": "sgd_hparam"}
-
-
-@dataclass(frozen=True)
-class T2:
-    """A 2-D tensor [batch * rows, cols]."""
-    rows: int
-    cols: int
-
-
-@dataclass(frozen=True)
-class T3:
-    """A 3-D tensor [batch, slots, vec] (embedding output)."""
-    slots: int
-    vec: int
 
 
 @dataclass
@@ -121,17 +103,6 @@ class EmbeddingSpec:
 
 
 @dataclass
-class LayerSpec:
-    name: str
-    type: str
-    bottoms: list
-    tops: list
-    in_shapes: list
-    out_shapes: list
-    params: dict = field(default_factory=dict)
-
-
-@dataclass
 class ModelSpec:
     path: str
     solver: dict | None
@@ -146,31 +117,6 @@ class ModelSpec:
 def _where(path, i, layer):
     name = layer.get("name", "?") if isinstance(layer, dict) else "?"
     return f"{path}: layers[{i}] ({name!r}"
-
-
-def _need(d, key, where, kind=None):
-    if not isinstance(d, dict) or key not in d:
-        raise ModelError(f"{where}: missing field {key!r}")
-    v = d[key]
-    if kind is int:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v:
-            raise ModelError(f"{where}: field {key!r} must be an integer, got {v!r}")
-        return int(v)
-    if kind is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelError(f"{where}: field {key!r} must be a number, got {v!r}")
-        return float(v)
-    if kind is str and not isinstance(v, str):
-        raise ModelError(f"{where}: field {key!r} must be a string, got {v!r}")
-    return v
-
-
-def _names(v, where, field_name):
-    if isinstance(v, str):
-        return [v]
-    if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-        return list(v)
-    raise ModelError(f"{where}: field {field_name!r} must be a name or a list of names, got {v!r}")
 
 
 def parse_optimizer(j, where) -> OptimizerSpec:
@@ -269,10 +215,25 @@ def parse_model(src, *, solver_override: bool = True) -> ModelSpec:
         `top`, a `Reshape` whose `leading_dim` does not divide, a `Concat` of tensors with
         different row counts, a `Slice` range outside its input.
 
-    Example:
-        >>> spec = parse_model("wdl.json")                               # doctest: +SKIP
-        >>> [e.name for e in spec.embeddings], spec.loss.bottoms
-        (['sparse_embedding2', 'sparse_embedding1'], ['add1', 'label'])
+    Example (the dict a JSON file holds; `parse_model("wdl.json")` reads one from a file):
+        >>> data = {"name": "data", "type": "Data", "label": {"top": "label", "label_dim": 1},
+        ...         "dense": {"top": "dense", "dense_dim": 3},
+        ...         "sparse": [{"top": "s", "type": "DistributedSlot", "slot_num": 2,
+        ...                     "max_feature_num_per_sample": 2}]}
+        >>> emb = {"name": "emb", "type": "DistributedSlotSparseEmbeddingHash", "bottom": "s", "top": "e",
+        ...        "sparse_embedding_hparam": {"max_vocabulary_size_per_gpu": 1000, "embedding_vec_size": 4,
+        ...                                    "combiner": 0}}
+        >>> dense = [{"name": "r", "type": "Reshape", "bottom": "e", "top": "r", "leading_dim": 8},
+        ...          {"name": "c", "type": "Concat", "bottom": ["r", "dense"], "top": "c"},
+        ...          {"name": "fc", "type": "InnerProduct", "bottom": "c", "top": "fc", "fc_param": {"num_output": 1}},
+        ...          {"name": "loss", "type": "BinaryCrossEntropyLoss", "bottom": ["fc", "label"], "top": "loss"}]
+        >>> spec = parse_model({"optimizer": {"type": "SGD", "sgd_hparam": {"learning_rate": 0.1}},
+        ...                     "layers": [data, emb] + dense})
+        >>> [(e.name, e.capacity, e.vec) for e in spec.embeddings]
+        [('emb', 1000, 4)]
+        >>> [(l.name, l.out_shapes) for l in spec.layers]      # doctest: +NORMALIZE_WHITESPACE
+        [('r', [T2(rows=1, cols=8)]), ('c', [T2(rows=1, cols=11)]), ('fc', [T2(rows=1, cols=1)]),
+         ('loss', [T2(rows=0, cols=1)])]
     """
     if isinstance(src, dict):
         path, raw = "<dict>", src
@@ -338,7 +299,7 @@ def parse_model(src, *, solver_override: bool = True) -> ModelSpec:
                 raise ModelError(f"{where}: bottom {b!r} is a sparse input; only an embedding layer "
                                  "can read it")
         spec = LayerSpec(name=name, type=t, bottoms=bottoms, tops=tops, in_shapes=ins, out_shapes=[])
-        spec.out_shapes = _infer(where, spec, j, data)
+        spec.out_shapes = LAYERS[t].infer(where, spec, j, data)
         if len(spec.out_shapes) != len(tops):
             raise ModelError(f"{where}: field 'top' names {len(tops)} tensors, the layer makes "
                              f"{len(spec.out_shapes)}")
@@ -398,141 +359,3 @@ def _parse_embedding(where, j, t, name, bottoms, tops, sparse_by_top, opt, data,
     return EmbeddingSpec(index=index, name=name, type=t, bottom=bottoms[0], top=tops[0], input=inp,
                          vec=vec, combiner="sum" if comb == 0 else "mean", capacity=capacity,
                          slot_size_array=ssa, optimizer=eopt)
-
-
-def _one_2d(where, spec):
-    if len(spec.in_shapes) != 1:
-        raise ModelError(f"{where}: takes one bottom, got {len(spec.in_shapes)}")
-    s = spec.in_shapes[0]
-    if not isinstance(s, T2):
-        raise ModelError(f"{where}: bottom {spec.bottoms[0]!r} is 3-D [batch, {s.slots}, {s.vec}]; "
-                         "put a Reshape in front of it")
-    return s
-
-
-def _infer(where, spec, j, data):
-    t, ins = spec.type, spec.in_shapes
-    p = spec.params
-    if t == "Reshape":
-        if len(ins) != 1:
-            raise ModelError(f"{where}: takes one bottom")
-        s = ins[0]
-        ld = _need(j, "leading_dim", where, int)
-        last, per_sample = (s.vec, s.slots * s.vec) if isinstance(s, T3) else (s.cols, s.rows * s.cols)
-        if ld < last or ld % last or per_sample % ld:
-            raise ModelError(f"{where}: field 'leading_dim' {ld} does not fit bottom {spec.bottoms[0]!r} "
-                             f"({per_sample} values per sample, last dimension {last}): it must be a "
-                             f"multiple of {last} that divides {per_sample}")
-        p["leading_dim"] = ld
-        return [T2(per_sample // ld, ld)]
-    if t == "Concat":
-        if not 1 <= len(ins) <= 5:
-            raise ModelError(f"{where}: Concat joins 1 to 5 tensors, got {len(ins)}")
-        for b, s in zip(spec.bottoms, ins):
-            if not isinstance(s, T2):
-                raise ModelError(f"{where}: bottom {b!r} is 3-D; Concat joins 2-D tensors")
-        rows = {s.rows for s in ins}
-        if len(rows) != 1:
-            desc = ", ".join(f"{b!r}: [{s.rows} x batch, {s.cols}]" for b, s in zip(spec.bottoms, ins))
-            raise ModelError(f"{where}: bottoms have different batch (row) counts: {desc}")
-        return [T2(ins[0].rows, sum(s.cols for s in ins))]
-    if t == "Slice":
-        s = _one_2d(where, spec)
-        ranges = _need(j, "ranges", where)
-        if not isinstance(ranges, list) or not ranges:
-            raise ModelError(f"{where}: field 'ranges' must be a list of [begin, end) pairs")
-        out = []
-        for r in ranges:
-            if (not isinstance(r, list) or len(r) != 2 or not all(isinstance(x, int) for x in r)
-                    or not 0 <= r[0] < r[1] <= s.cols):
-                raise ModelError(f"{where}: range {r!r} in field 'ranges' is out of range for bottom "
-                                 f"{spec.bottoms[0]!r} of {s.cols} columns (need 0 <= begin < end <= {s.cols})")
-            out.append(T2(s.rows, r[1] - r[0]))
-        p["ranges"] = [list(r) for r in ranges]
-        return out
-    if t in ("InnerProduct", "FusedInnerProduct"):
-        s = _one_2d(where, spec)
-        n = _need(_need(j, "fc_param", where), "num_output", where + ".fc_param", int)
-        if n < 1:
-            raise ModelError(f"{where}: fc_param.num_output must be >= 1")
-        p["num_output"] = n
-        return [T2(s.rows, n)]
-    if t in ("ReLU", "Dropout", "ELU"):
-        s = _one_2d(where, spec)
-        if t == "Dropout":
-            rate = _need(j, "rate", where, float)
-            if not 0 <= rate < 1:
-                raise ModelError(f"{where}: field 'rate' must be in [0, 1), got {rate}")
-            p["rate"] = rate
-        if t == "ELU":
-            p["alpha"] = _need(_need(j, "elu_param", where), "alpha", where + ".elu_param", float)
-        return [s]
-    if t == "BatchNorm":
-        s = _one_2d(where, spec)
-        bn = _need(j, "bn_param", where)
-        p["factor"] = _need(bn, "factor", where + ".bn_param", float)
-        p["eps"] = _need(bn, "eps", where + ".bn_param", float)
-        return [s]
-    if t == "MultiCross":
-        s = _one_2d(where, spec)
-        n = _need(_need(j, "mc_param", where), "num_layers", where + ".mc_param", int)
-        if n < 1:
-            raise ModelError(f"{where}: mc_param.num_layers must be >= 1")
-        p["num_layers"] = n
-        return [s]
-    if t == "FmOrder2":
-        s = _one_2d(where, spec)
-        k = _need(j, "out_dim", where, int)
-        if k < 1 or s.cols % k:
-            raise ModelError(f"{where}: field 'out_dim' {k} must divide the {s.cols} columns of bottom "
-                             f"{spec.bottoms[0]!r} (slots x vec)")
-        p["out_dim"] = k
-        return [T2(s.rows, k)]
-    if t == "Multiply":
-        s = _one_2d(where, spec)
-        wd = _need(j, "weight_dims", where)
-        if (not isinstance(wd, list) or len(wd) != 2 or not all(isinstance(x, int) and x > 0 for x in wd)
-                or wd[0] != s.cols):
-            raise ModelError(f"{where}: field 'weight_dims' {wd!r} must be [{s.cols}, k] (the bottom has "
-                             f"{s.cols} columns)")
-        p["weight_dims"] = list(wd)
-        return [T2(s.rows, wd[0] * wd[1])]
-    if t == "ReduceSum":
-        s = _one_2d(where, spec)
-        axis = _need(j, "axis", where, int)
-        if axis != 1:
-            raise ModelError(f"{where}: field 'axis' must be 1 for a 2-D bottom, got {axis}")
-        p["axis"] = axis
-        return [T2(s.rows, 1)]
-    if t == "Add":
-        if len(ins) < 2:
-            raise ModelError(f"{where}: Add needs at least two bottoms")
-        if any(not isinstance(s, T2) or s != ins[0] for s in ins):
-            desc = ", ".join(f"{b!r}: {s}" for b, s in zip(spec.bottoms, ins))
-            raise ModelError(f"{where}: Add needs bottoms of one shape, got {desc}")
-        return [ins[0]]
-    if t == "Interaction":
-        if len(ins) != 2 or not isinstance(ins[0], T2) or not isinstance(ins[1], T3):
-            raise ModelError(f"{where}: Interaction takes [2-D bottom MLP output, 3-D embedding]")
-        if ins[0].rows != 1 or ins[0].cols != ins[1].vec:
-            raise ModelError(f"{where}: the bottom MLP output has {ins[0].cols} columns but the "
-                             f"embedding vectors have {ins[1].vec}")
-        n = ins[1].slots + 1
-        return [T2(1, ins[0].cols + n * (n - 1) // 2 + 1)]
-    if t == "BinaryCrossEntropyLoss":
-        if len(ins) != 2:
-            raise ModelError(f"{where}: takes two bottoms [logit, label]")
-        if spec.bottoms[1] != data.label_top:
-            raise ModelError(f"{where}: the second bottom must be the label {data.label_top!r}, got "
-                             f"{spec.bottoms[1]!r}")
-        if not isinstance(ins[0], T2) or ins[0] != T2(1, 1) or data.label_dim != 1:
-            raise ModelError(f"{where}: bottom {spec.bottoms[0]!r} must be [batch, 1] (got {ins[0]}) "
-                             f"and label_dim 1 (got {data.label_dim})")
-        reg = j.get("regularizer")
-        if reg is not None:
-            if reg not in ("L1", "L2"):
-                raise ModelError(f"{where}: field 'regularizer' must be 'L1' or 'L2', got {reg!r}")
-            p["regularizer"] = reg
-            p["lambda"] = _need(j, "lambda", where, float)
-        return [T2(0, 1)]
-    raise ModelError(f"{where}: layer type {t!r} is not supported here")  # pragma: no cover

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from ..data._atomic import atomic_dir
+from .._io import atomic_dir
 from . import _context, exchange
 from .variable import is_sok_variable
 
@@ -166,7 +166,7 @@ def dump(path, vars, optimizer=None):
         try:
             opt_name = optimizer.name if optimizer is not None else None
             meta = {"format": "embedlab.sok dump 1", "num_workers": ctx.world_size, "optimizer": opt_name, "tables": []}
-            with atomic_dir(path) as tmp:
+            with atomic_dir(path, fsync=True) as tmp:
                 tmp = Path(tmp)
                 for v, keys, rows, slots in gathered:
                     _write_array(tmp / f"{v.table_name}-key", keys)

@@ -151,6 +151,7 @@ class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable
     cannot apply a gradient to the wrong keys.
 
     Example:
+        >>> import tensorflow as tf, embedlab.sok as sok
         >>> v = sok.DynamicVariable(dimension=3, initializer="13")
         >>> tf.nn.embedding_lookup(v, tf.constant([0, 1, 2**40], tf.int64)).numpy()[:, 0].tolist()
         [13.0, 13.0, 13.0]

@@ -163,6 +163,7 @@ def get_embedding(name, constructor=None, **kwargs):
     layer and ignore `constructor` and `kwargs`.
 
     Example:
+        >>> import embedlab.sok as sok
         >>> emb = sok.get_embedding("Emb", sok.All2AllDenseEmbedding, max_vocabulary_size_per_gpu=1024,
         ...                         embedding_vec_size=16, slot_num=10, nnz_per_slot=1)
         >>> sok.get_embedding("Emb") is emb
@@ -249,16 +250,16 @@ class Saver:
 
     def dump_to_file(self, embedding_variable, filepath):
         from .checkpoint import gather, _barrier_status
-        from ..data._atomic import atomic_file
+        from .._io import atomic_file
         keys, rows = _gather_legacy(embedding_variable)
         name = _file_name(embedding_variable)
         ok, err = True, None
         if _context.rank() == 0:
             try:
                 Path(filepath).mkdir(parents=True, exist_ok=True)
-                with atomic_file(Path(filepath) / f"{name}_keys.file") as tmp:
+                with atomic_file(Path(filepath) / f"{name}_keys.file", fsync=True) as tmp:
                     keys.astype(np.int64).tofile(tmp)
-                with atomic_file(Path(filepath) / f"{name}_values.file") as tmp:
+                with atomic_file(Path(filepath) / f"{name}_values.file", fsync=True) as tmp:
                     rows.astype(np.float32).tofile(tmp)
             except Exception as e:
                 ok, err = False, e

@@ -196,7 +196,14 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, hotness=None,
     Every worker must call it with the same tables in the same order (it is a collective).
 
     Example:
+        >>> import numpy as np, tensorflow as tf, embedlab.sok as sok
+        >>> v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)
+        >>> v2 = sok.Variable(np.arange(7 * 5).reshape(7, 5), dtype=tf.float32)
+        >>> ids1 = tf.ragged.constant([[1, 1], [3, 4, 5]], dtype=tf.int64)
+        >>> ids2 = tf.ragged.constant([[1], [2, 3]], dtype=tf.int64)
         >>> emb1, emb2 = sok.lookup_sparse([v1, v2], [ids1, ids2], combiners=["sum", "mean"])
+        >>> emb1.numpy().tolist(), emb2.numpy()[1].tolist()
+        ([[6.0, 8.0, 10.0], [36.0, 39.0, 42.0]], [12.5, 13.5, 14.5, 15.5, 16.5])
     """
     single = not isinstance(params, (list, tuple))
     if single:

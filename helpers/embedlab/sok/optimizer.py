@@ -62,8 +62,16 @@ class OptimizerWrapper:
 
     Use it inside or outside `strategy.run`, eager or in a `tf.function`:
 
+        >>> import keras, numpy as np, tensorflow as tf, embedlab.sok as sok
+        >>> v1 = sok.Variable(np.zeros((4, 2)), dtype=tf.float32)
+        >>> with tf.GradientTape() as tape:
+        ...     emb = sok.lookup_sparse([v1], [tf.ragged.constant([[1, 3, 3]], dtype=tf.int64)], combiners=["sum"])
+        ...     loss = tf.reduce_sum(emb[0])
+        >>> grads = tape.gradient(loss, [v1])
         >>> opt = sok.OptimizerWrapper(keras.optimizers.SGD(learning_rate=1.0))
-        >>> opt.apply_gradients(zip(grads, [v1, v2]))
+        >>> _ = opt.apply_gradients(zip(grads, [v1]))
+        >>> v1.numpy()[:, 0].tolist()
+        [0.0, -1.0, 0.0, -2.0]
 
     Keras optimizers other than EmbedLab's update densely where their formula is dense (Adam's
     moments decay on every row, as Keras' own Adam does on a whole table); EmbedLab's Adam is

@@ -80,6 +80,7 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
     as SOK's is; `sok.lookup_sparse` reads global row ids.
 
     Example:
+        >>> import numpy as np, tensorflow as tf, embedlab.sok as sok
         >>> v1 = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)   # [9, 3] on rank 0 of 2
     """
 

@@ -16,8 +16,8 @@ def _lines(path):
     return open(path, encoding="latin-1", newline="").read().splitlines(keepends=True)
 
 
-def test_generate_exact_kaggle_layout(tmp_path, fresh_seed):
-    p = criteo.generate(tmp_path / "g.txt", rows=5000, seed=fresh_seed, progress=False)
+def test_generate_exact_kaggle_layout(tmp_path, run_seed):
+    p = criteo.generate(tmp_path / "g.txt", rows=5000, seed=run_seed, progress=False)
     lines = _lines(p)
     assert len(lines) == 5000
     parsed = [ref.parse_line(l) for l in lines]          # raises on any malformed line
@@ -39,11 +39,11 @@ def test_generate_exact_kaggle_layout(tmp_path, fresh_seed):
     assert (cats[:, 0] != ref.MISSING).all()
 
 
-def test_generate_is_deterministic_and_prefix_stable(tmp_path, fresh_seed):
-    a = criteo.generate(tmp_path / "a.txt", rows=70_000, seed=fresh_seed, progress=False)
-    b = criteo.generate(tmp_path / "b.txt", rows=70_000, seed=fresh_seed, progress=False)
-    c = criteo.generate(tmp_path / "c.txt", rows=1_234, seed=fresh_seed, progress=False)
-    d = criteo.generate(tmp_path / "d.txt", rows=1_234, seed=fresh_seed + 1, progress=False)
+def test_generate_is_deterministic_and_prefix_stable(tmp_path, run_seed):
+    a = criteo.generate(tmp_path / "a.txt", rows=70_000, seed=run_seed, progress=False)
+    b = criteo.generate(tmp_path / "b.txt", rows=70_000, seed=run_seed, progress=False)
+    c = criteo.generate(tmp_path / "c.txt", rows=1_234, seed=run_seed, progress=False)
+    d = criteo.generate(tmp_path / "d.txt", rows=1_234, seed=run_seed + 1, progress=False)
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes().startswith(c.read_bytes())
     assert c.read_bytes() != d.read_bytes()
@@ -61,8 +61,8 @@ def test_generate_gzip_and_bad_args(tmp_path):
     assert criteo.generate(tmp_path / "empty.txt", rows=0, progress=False).read_bytes() == b""
 
 
-def test_generate_power_law_frequencies(tmp_path, fresh_seed):
-    p = criteo.generate(tmp_path / "g.txt", rows=30_000, seed=fresh_seed, progress=False)
+def test_generate_power_law_frequencies(tmp_path, run_seed):
+    p = criteo.generate(tmp_path / "g.txt", rows=30_000, seed=run_seed, progress=False)
     cats = np.concatenate([b.cats for _, b in criteo.read_chunks(p)])
     for j in (2, 11, 20):                                  # ~10M, 8M, 7M-value universes
         col = cats[:, j][cats[:, j] != criteo.MISSING_HEX]
@@ -204,9 +204,9 @@ def test_preprocess_matches_oracle(tmp_path, rng):
                     np.testing.assert_array_equal(got[c], exp, err_msg=c)
 
 
-def test_preprocess_multi_file_gzip_and_atomic_replace(tmp_path, fresh_seed):
-    a = criteo.generate(tmp_path / "a.txt.gz", rows=900, seed=fresh_seed, progress=False)
-    b = criteo.generate(tmp_path / "b.txt", rows=700, seed=fresh_seed + 7, progress=False)
+def test_preprocess_multi_file_gzip_and_atomic_replace(tmp_path, run_seed):
+    a = criteo.generate(tmp_path / "a.txt.gz", rows=900, seed=run_seed, progress=False)
+    b = criteo.generate(tmp_path / "b.txt", rows=700, seed=run_seed + 7, progress=False)
     both = tmp_path / "both.txt"
     both.write_bytes(gzip.decompress(a.read_bytes()) + b.read_bytes())
     r1 = criteo.preprocess([a, b], tmp_path / "m", progress=False, freq_threshold=2)
@@ -225,10 +225,10 @@ def test_preprocess_multi_file_gzip_and_atomic_replace(tmp_path, fresh_seed):
     assert (tmp_path / "m" / "metadata.json").read_text() == before
 
 
-def test_split_counts_and_split(tmp_path, fresh_seed):
+def test_split_counts_and_split(tmp_path, run_seed):
     assert criteo.split_counts(45_840_617) == criteo.KAGGLE_SPLIT
     assert sum(criteo.split_counts(12_345)) == 12_345
-    src = criteo.generate(tmp_path / "t.txt", rows=2_500, seed=fresh_seed, progress=False)
+    src = criteo.generate(tmp_path / "t.txt", rows=2_500, seed=run_seed, progress=False)
     out = criteo.split(src, tmp_path / "sp", chunk_bytes=10_000)
     sizes = [len(_lines(out[n])) for n in criteo.SPLIT_NAMES]
     assert tuple(sizes) == criteo.split_counts(2_500)
@@ -242,9 +242,9 @@ def test_split_counts_and_split(tmp_path, fresh_seed):
 
 
 @pytest.mark.parametrize("field", ["+5", " 5", "5 ", "0x5", "5.0", "1e3", "５"])
-def test_integers_are_parsed_strictly(tmp_path, field, fresh_seed):
+def test_integers_are_parsed_strictly(tmp_path, field, run_seed):
     """pyarrow alone would accept some of these; the Kaggle format does not."""
-    src = criteo.generate(tmp_path / "g.txt", rows=50, seed=fresh_seed, progress=False)
+    src = criteo.generate(tmp_path / "g.txt", rows=50, seed=run_seed, progress=False)
     lines = _lines(src)
     f = lines[20].rstrip("\n").split("\t")
     f[3] = field

@@ -60,11 +60,11 @@ KW = dict(freq_threshold=3, row_group_rows=1000, on_error="skip", progress=False
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory, fresh_seed):
+def inputs(tmp_path_factory, run_seed):
     """Two input files (12,000 generated lines; the second has a malformed line and no final
     newline) and the single-process output over them."""
     d = tmp_path_factory.mktemp("criteo_dask")
-    full = criteo.generate(d / "all.txt", rows=12_000, seed=fresh_seed, progress=False)
+    full = criteo.generate(d / "all.txt", rows=12_000, seed=run_seed, progress=False)
     lines = full.read_bytes().splitlines(keepends=True)
     a, b = d / "a.txt", d / "b.txt"
     a.write_bytes(b"".join(lines[:7_000]))
@@ -167,10 +167,10 @@ def test_malformed_line_fails_with_its_file_and_line(inputs, local, tmp_path):
 # ----------------------------------------------------------------------------- killed worker
 
 @pytest.fixture(scope="module")
-def big_input(tmp_path_factory, fresh_seed):
+def big_input(tmp_path_factory, run_seed):
     """60,000 lines in chunks of 4 MB: a pass-2 task runs long enough to be killed."""
     d = tmp_path_factory.mktemp("criteo_dask_kill")
-    txt = criteo.generate(d / "day.txt", rows=60_000, seed=fresh_seed + 1, progress=False)
+    txt = criteo.generate(d / "day.txt", rows=60_000, seed=run_seed + 1, progress=False)
     return txt, d
 
 def _kill_during_pass2(client, run, tmp_path):

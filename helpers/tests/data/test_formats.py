@@ -238,3 +238,23 @@ def test_tfrecord_round_trip_and_corruption(criteo_small, tmp_path, rng):
     bad.write_bytes(p.read_bytes()[:pos + 20])
     with pytest.raises(formats.FormatError, match=rf"record {k} "):
         formats.read_tfrecord(bad, columns=cols)
+
+
+def test_tfrecord_columns_of_parquet(criteo_small, tmp_path):
+    """tfrecord_columns names the columns parquet_to_tfrecord writes: the Criteo ETL's, and a
+    multi-hot (list) column as "ragged", which read_tfrecord then reads back."""
+    _, res = criteo_small
+    assert formats.tfrecord_columns(res.files["val"]) == (
+        [("label", "float")] + [(f"I{i}", "float") for i in range(1, 14)]
+        + [(c, "int") for c in res.columns])
+    splits = np.array([0, 2, 2, 5])
+    pq_path = formats.write_parquet(tmp_path / "m.parquet", {
+        "label": np.ones(3, np.float32), "I1": np.arange(3, dtype=np.float32),
+        "C1": np.arange(3, dtype=np.int64), "tags": (splits, np.arange(5))})
+    cols = formats.tfrecord_columns(pq_path)
+    assert cols == [("label", "float"), ("I1", "float"), ("C1", "int"), ("tags", "ragged")]
+    back = formats.read_tfrecord(formats.parquet_to_tfrecord(pq_path, tmp_path / "m.tfrecord"),
+                                 columns=cols)
+    np.testing.assert_array_equal(back["tags"][0], splits)
+    np.testing.assert_array_equal(back["tags"][1], np.arange(5))
+    np.testing.assert_array_equal(back["C1"], np.arange(3))

@@ -71,18 +71,18 @@ def test_no_shuffle_keeps_file_order_and_drop_remainder(dataset):
     assert len(ld) == n // 100 and not ld.has_partial_batch
 
 
-def test_deterministic_for_a_seed(dataset, fresh_seed):
+def test_deterministic_for_a_seed(dataset, run_seed):
     path, _ = dataset
-    a = [np.concatenate(_rids(ParquetLoader(path, 64, seed=fresh_seed, output="numpy",
+    a = [np.concatenate(_rids(ParquetLoader(path, 64, seed=run_seed, output="numpy",
                                             buffer_rows=300))) for _ in range(2)]
     np.testing.assert_array_equal(a[0], a[1])
-    ld = ParquetLoader(path, 64, seed=fresh_seed, output="numpy", buffer_rows=300)
+    ld = ParquetLoader(path, 64, seed=run_seed, output="numpy", buffer_rows=300)
     e0, e1 = np.concatenate(_rids(ld)), np.concatenate(_rids(ld))
     np.testing.assert_array_equal(e0, a[0])
-    ld2 = ParquetLoader(path, 64, seed=fresh_seed, output="numpy", buffer_rows=300)
+    ld2 = ParquetLoader(path, 64, seed=run_seed, output="numpy", buffer_rows=300)
     np.concatenate(_rids(ld2))
     np.testing.assert_array_equal(np.concatenate(_rids(ld2)), e1)     # epoch 1 reproducible
-    other = np.concatenate(_rids(ParquetLoader(path, 64, seed=fresh_seed + 1, output="numpy",
+    other = np.concatenate(_rids(ParquetLoader(path, 64, seed=run_seed + 1, output="numpy",
                                                buffer_rows=300)))
     assert not np.array_equal(other, a[0])
     assert ParquetLoader(path, 64).seed != ParquetLoader(path, 64).seed   # None draws a seed

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from embedlab.data import formats
+from embedlab.data.formats import tfrecord
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 16])
 def test_tfrecord_rows_across_chunks(tmp_path, rng, monkeypatch, chunk):
-    monkeypatch.setattr(formats, "_TFRECORD_CHUNK", chunk)
+    monkeypatch.setattr(tfrecord, "_TFRECORD_CHUNK", chunk)
     n = 50
     lengths = rng.integers(0, 4, n)
     splits = np.concatenate([[0], np.cumsum(lengths)])

@@ -1,18 +1,33 @@
 """Shared pieces of the HPS tests: random tables with a NumPy dict oracle, Redis fixtures."""
 from __future__ import annotations
 
+import os
+import zlib
+
 import numpy as np
 import pytest
 
+import reference
 from embedlab.sparse_model import write_sparse_model
+
+_tables_made: dict[str, int] = {}
+
+
+def _test_rng() -> np.random.Generator:
+    """A Generator from the run's seed, the running test's id and how many this test drew before
+    (so a test replays alone with EMBEDLAB_TEST_SEED, and its tables differ from each other)."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    n = _tables_made[test] = _tables_made.get(test, -1) + 1
+    return np.random.default_rng([reference.RUN_SEED, zlib.crc32(test.encode()), n])
 
 
 class Table:
     """A random table (unique int64 keys, negative ones included) written as key/emb_vector,
-    with a dict oracle."""
+    with a dict oracle. ``rng``: a Generator or a seed; by default one from the run's seed and
+    the running test (see ``_test_rng``)."""
 
     def __init__(self, path, n=2000, dim=16, rng=None, key_space=2**40):
-        self.rng = np.random.default_rng(rng)
+        self.rng = _test_rng() if rng is None else np.random.default_rng(rng)
         k = np.unique(self.rng.integers(-key_space, key_space, 2 * n + 16, dtype=np.int64))
         self.keys = self.rng.permutation(k)[:n]
         self.vectors = self.rng.standard_normal((n, dim)).astype(np.float32)
@@ -122,11 +137,12 @@ class LookupLoad:
         self.count = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._seeds = tab.rng.integers(0, 2**63, threads)
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
 
     def _run(self, i):
         import time
-        rng = np.random.default_rng()
+        rng = np.random.default_rng(self._seeds[i])
         while not self._stop.is_set():
             q = np.concatenate([self.keys[rng.integers(0, len(self.keys), int(rng.integers(1, 400)))],
                                 self.tab.absent_keys(2)])

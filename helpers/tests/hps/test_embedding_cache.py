@@ -11,31 +11,16 @@ Concurrency: several Python threads look up, insert, update and erase at once (t
 releases the GIL); every row a reader gets must be exactly a row some writer stored for that key
 (rows encode key and version; a torn or foreign row fails), or a miss.
 """
-import os
 import threading
 import time
 
 import numpy as np
 import pytest
 
-
-def _load_core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):  # a standalone cmake build on PYTHONPATH
-        import _embedlab_core
-        return _embedlab_core
-    from embedlab import _native
-    return _native.core()
+from gpu_arrays import load_core
 
 
-core = _load_core()
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
-
-
-@pytest.fixture
-def rng(request):
-    seed = (SEED + sum(map(ord, request.node.name))) % 2**31
-    print(f"seed={seed}")  # replay a failing draw with EMBEDLAB_TEST_SEED
-    return np.random.default_rng(seed)
+core = load_core()
 
 
 # ---- the oracle: a Python model of the cache ---------------------------------------------------

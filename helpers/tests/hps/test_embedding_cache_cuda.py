@@ -11,27 +11,13 @@ so a miss whose row was written, or a hit whose row was not, fails.
 Skipped, with the reason, when the module was built without CUDA, when neither PyTorch nor CuPy
 is importable, or when no GPU is visible.
 """
-import os
-import sys
-import time
-
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # helpers/tests
-from gpu_arrays import core_and_device  # noqa: E402
+from gpu_arrays import core_and_device
 
-
-core, DEV, _SKIP = core_and_device("CudaEmbeddingCache")
-pytestmark = pytest.mark.skipif(DEV is None, reason=_SKIP or "no GPU")
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
-
-
-@pytest.fixture
-def rng(request):
-    seed = (SEED + sum(map(ord, request.node.name))) % 2**31
-    print(f"seed={seed}")  # replay a failing draw with EMBEDLAB_TEST_SEED
-    return np.random.default_rng(seed)
+core, DEV, _ = core_and_device("CudaEmbeddingCache")
+pytestmark = pytest.mark.needs_gpu("CudaEmbeddingCache")
 
 
 def make_universe(rng, size):

@@ -7,32 +7,17 @@ overflow margin, every policy keeps each partition at or under the margin after 
 never returns a stale or foreign row; evict_least_used and evict_oldest pick exactly the victims
 their definition names; evict_random picks a different sample per partition.
 """
-import os
 import threading
 import time
 
 import numpy as np
 import pytest
 
-
-def _load_core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):  # a standalone cmake build on PYTHONPATH
-        import _embedlab_core
-        return _embedlab_core
-    from embedlab import _native
-    return _native.core()
+from gpu_arrays import load_core
 
 
-core = _load_core()
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
+core = load_core()
 POLICIES = ["evict_random", "evict_least_used", "evict_oldest"]
-
-
-@pytest.fixture
-def rng(request):
-    seed = (SEED + sum(map(ord, request.node.name))) % 2**31
-    print(f"seed={seed}")  # replay a failing draw with EMBEDLAB_TEST_SEED
-    return np.random.default_rng(seed)
 
 
 def make_universe(rng, size):

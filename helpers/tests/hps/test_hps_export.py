@@ -13,7 +13,7 @@ import pytest
 from embedlab.hps import export
 
 
-def test_export_for_serving(tmp_path):
+def test_export_for_serving(tmp_path, run_seed):
     args = export.DemoArgs(global_batch_size=256, iter_num=3,
                            vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
     m = export.export_for_serving(tmp_path / "hps_triton", args, verbose=False)
@@ -38,7 +38,7 @@ import json, numpy as np, tensorflow as tf, onnxruntime as ort
 import embedlab.hps as hps
 m = json.load(open({str(tmp_path / 'hps_triton' / 'serving.json')!r}))
 sm = hps.read_sparse_model(json.load(open(m["ps_config_file"]))["models"][0]["sparse_files"][0])
-keys = np.random.default_rng().integers(0, 3000, (37, m["slot_num"]))
+keys = np.random.default_rng({run_seed}).integers(0, 3000, (37, m["slot_num"]))
 out = tf.saved_model.load(m["inference_savedmodel"]).signatures["serving_default"](keys=tf.constant(keys))
 emb = sm.vectors[keys].reshape(len(keys), -1)
 assert np.array_equal(out["embeddings"].numpy(), emb)
@@ -53,8 +53,8 @@ print("served-ok")
     assert "served-ok" in r.stdout, r.stderr[-3000:]
 
 
-def test_click_model_is_reproducible_skewed_and_predictive():
-    args = export.DemoArgs(seed=int(np.random.default_rng().integers(1 << 20)))
+def test_click_model_is_reproducible_skewed_and_predictive(rng):
+    args = export.DemoArgs(seed=int(rng.integers(1 << 20)))
     cm = export.ClickModel.from_args(args)
     k1, y1, z1 = cm.sample(50_000, np.random.default_rng(3))
     k2, y2, z2 = export.ClickModel.from_spec(json.loads(json.dumps(cm.spec()))).sample(50_000, np.random.default_rng(3))

@@ -16,8 +16,7 @@ from hps_testing import Table
 
 
 @pytest.fixture()
-def served(tmp_path):
-    rng = np.random.default_rng()
+def served(tmp_path, rng):
     tab = Table(tmp_path / "t", n=800, dim=12, rng=rng, key_space=5000)
     cfg = {"volatile_db": {"type": "disabled"}, "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "db")},
            "models": [{"model": "lm", "sparse_files": [str(tab.path)], "embedding_vecsize_per_table": [12],

@@ -20,9 +20,8 @@ def _tier(r, **kw):
 
 
 @pytest.mark.parametrize("server", ["redis_server", "redis_cluster"])
-def test_redis_tier_against_oracle(server, request, tmp_path):
+def test_redis_tier_against_oracle(server, request, tmp_path, rng):
     r = request.getfixturevalue(server)
-    rng = np.random.default_rng()
     tab = Table(tmp_path / "t", n=int(rng.integers(500, 3000)), dim=int(rng.choice([3, 16, 64])), rng=rng)
     name = f"hps_et.test{rng.integers(1 << 30)}.t"
     t = _tier(r, max_batch_size=int(rng.integers(50, 400)))     # several pipelines per call
@@ -86,8 +85,8 @@ def test_redis_killed_under_load_lookups_stay_exact(tmp_path, caplog):
         ps = ParameterServer(cfg, retry_seconds=0.2)
         errors, done, results = [], threading.Event(), [0]
 
-        def load():
-            rng = np.random.default_rng()
+        def load(seed):
+            rng = np.random.default_rng(seed)
             while not done.is_set():
                 q = tab.query(int(rng.integers(1, 600)), absent=3)
                 try:
@@ -99,7 +98,7 @@ def test_redis_killed_under_load_lookups_stay_exact(tmp_path, caplog):
                     errors.append(repr(e))
 
         with caplog.at_level(logging.WARNING, logger="embedlab.hps"):
-            threads = [threading.Thread(target=load) for _ in range(2)]
+            threads = [threading.Thread(target=load, args=(s,)) for s in tab.rng.integers(0, 2**63, 2)]
             for th in threads:
                 th.start()
             time.sleep(0.5)

@@ -2,6 +2,7 @@
 password-protected redis-server the test starts on 127.0.0.1 stands for the user's), or a local
 one; bad values give errors naming the variable; a user's Redis is never killed or stopped."""
 import socket
+import uuid
 
 import numpy as np
 import pytest
@@ -40,7 +41,7 @@ def test_the_variables_select_that_redis_and_the_hps_uses_it(env, tmp_path):
     assert (r.address, r.password) == (env.address, env.password)
     assert ADDRESS_ENV in r.describe() and env.address in r.describe()
     tab = Table(tmp_path / "t", n=500, dim=8)
-    name = f"envtest{np.random.default_rng().integers(1 << 30)}"
+    name = f"envtest{uuid.uuid4().hex[:12]}"     # a model name no other run uses in that Redis
     cfg = {"volatile_db": r.volatile_db(num_partitions=3), "persistent_db": {"type": "disabled"},
            "models": [{"model": name, "sparse_files": [str(tab.path)], "embedding_vecsize_per_table": [8],
                        "gpucache": False}]}

@@ -14,8 +14,7 @@ def _tier(path, **kw):
     return RocksDBTier(PersistentDBConfig(type="rocks_db", path=str(path), **kw))
 
 
-def test_rocksdb_tier_against_oracle(tmp_path):
-    rng = np.random.default_rng()
+def test_rocksdb_tier_against_oracle(tmp_path, rng):
     tabs = {name: Table(tmp_path / name, n=int(rng.integers(200, 1500)), dim=dim, rng=rng)
             for name, dim in (("hps_et.m.a", 8), ("hps_et.m.b", 33))}
     t = _tier(tmp_path / "db", max_batch_size=97)      # several multi-get batches
@@ -43,14 +42,13 @@ def test_rocksdb_tier_against_oracle(tmp_path):
     assert set(rocksdict.Rdict.list_cf(str(tmp_path / "db"), rocksdict.Options(raw_mode=True))) >= set(tabs)
 
 
-def test_threaded_multi_get_against_oracle(tmp_path, monkeypatch):
+def test_threaded_multi_get_against_oracle(tmp_path, monkeypatch, rng):
     """A lookup split over num_threads threads (small chunks, so many of them), with duplicate and
     absent keys and one wrong-length value, gives exactly the single-thread answer; so do several
     callers at once."""
     import os
     from concurrent.futures import ThreadPoolExecutor
     monkeypatch.setattr(RocksDBTier, "MIN_CHUNK", 64)
-    rng = np.random.default_rng()
     tab = Table(tmp_path / "t", n=4000, dim=24, rng=rng)
     t = _tier(tmp_path / "db", num_threads=4)
     assert t.threads == min(4, os.cpu_count())
@@ -75,10 +73,9 @@ def test_threaded_multi_get_against_oracle(tmp_path, monkeypatch):
     t.close()
 
 
-def test_bulk_insert_leaves_one_compacted_run(tmp_path):
+def test_bulk_insert_leaves_one_compacted_run(tmp_path, rng):
     """A bulk insert (the ParameterServer's load) flushes and compacts the table: nothing left in
     the memtables or level 0, every row still exact, and later small writes still win."""
-    rng = np.random.default_rng()
     tab = Table(tmp_path / "t", n=5000, dim=16, rng=rng)
     t = _tier(tmp_path / "db", max_batch_size=1000)
     t.add_table("x", tab.dim)

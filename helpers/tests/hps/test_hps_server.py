@@ -48,13 +48,12 @@ STACKS = {
 
 
 @pytest.mark.parametrize("stack", list(STACKS))
-def test_stack_against_oracle(stack, tmp_path, request):
+def test_stack_against_oracle(stack, tmp_path, request, rng):
     s = STACKS[stack]
     if s.get("native"):
         from hps_testing import native_tiers
         if not native_tiers():
             pytest.skip("this build has no compiled EmbeddingCache / HashMapStore")
-    rng = np.random.default_rng()
     tabs = _tables(tmp_path, rng)
     vol = per = None
     if s.get("volatile") == "redis":
@@ -95,8 +94,7 @@ def test_stack_against_oracle(stack, tmp_path, request):
         ps.close()
 
 
-def test_defaults_counted_and_bad_input(tmp_path):
-    rng = np.random.default_rng()
+def test_defaults_counted_and_bad_input(tmp_path, rng):
     tabs = _tables(tmp_path, rng)
     ps = ParameterServer(_cfg(tabs, persistent={"type": "rocks_db", "path": str(tmp_path / "db")}))
     absent = tabs[("m1", "a")].absent_keys(7)
@@ -128,11 +126,10 @@ def test_truncated_or_mismatched_sparse_files_name_the_file(tmp_path):
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_update_and_refresh(native, tmp_path, redis_server):
+def test_update_and_refresh(native, tmp_path, redis_server, rng):
     from hps_testing import native_tiers
     if native and not native_tiers():
         pytest.skip("this build has no compiled EmbeddingCache / HashMapStore")
-    rng = np.random.default_rng()
     tab = Table(tmp_path / "t", n=500, dim=8, rng=rng)
     vol = ({"type": "hash_map"} if native else
            {"type": "redis_cluster", "address": redis_server.address, "password": redis_server.password})
@@ -216,8 +213,7 @@ print("no-tf-ok")
 
 
 @needs_native_tiers
-def test_update_never_loses_to_a_queued_background_insert(tmp_path):
-    rng = np.random.default_rng()
+def test_update_never_loses_to_a_queued_background_insert(tmp_path, rng):
     tab = Table(tmp_path / "t", n=1000, dim=8, rng=rng)
     cfg = _cfg({("a", "t"): tab}, volatile={"type": "hash_map"}, gpucache=True, gpucacheper=1.0,
                hit_rate_threshold=0.0)                       # every insertion goes to the background thread

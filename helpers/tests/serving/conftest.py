@@ -1,32 +1,14 @@
 """Fixtures for the serving tests: a small exported model and ONE shared real Triton server."""
 from __future__ import annotations
 
-import os
-import time
-import zlib
-
-import numpy as np
 import pytest
 
 from serving_export import MAX_BATCH, make_export
 
 
 @pytest.fixture(scope="session")
-def serving_seed():
-    """A new seed every run (printed, so a failure can be replayed with EMBEDLAB_TEST_SEED)."""
-    seed = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
-    print(f"\n[embedlab.serving tests] seed = {seed} (set EMBEDLAB_TEST_SEED={seed} to replay)")
-    return seed
-
-
-@pytest.fixture
-def rng(serving_seed, request):
-    return np.random.default_rng([serving_seed, zlib.crc32(request.node.name.encode())])
-
-
-@pytest.fixture(scope="session")
-def export_dir(tmp_path_factory, serving_seed):
-    return make_export(tmp_path_factory.mktemp("serving") / "export", seed=serving_seed)
+def export_dir(tmp_path_factory, run_seed):
+    return make_export(tmp_path_factory.mktemp("serving") / "export", seed=run_seed)
 
 
 @pytest.fixture(scope="session")

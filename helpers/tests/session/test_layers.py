@@ -1,24 +1,12 @@
 """Every dense layer type against a NumPy oracle (forward) and finite differences (gradient, float64)."""
 from __future__ import annotations
 
-import os
-import time
-import zlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from embedlab.session.layers import forward_layer
 from embedlab.session.spec import LayerSpec, T2, T3
-
-SEED = int(os.environ.get("EMBEDLAB_TEST_SEED", time.time_ns() % 2**31))
-
-
-@pytest.fixture()
-def rng(request):
-    print(f"seed {SEED} (EMBEDLAB_TEST_SEED={SEED} replays)")
-    return np.random.default_rng([SEED, zlib.crc32(request.node.name.encode())])
 
 
 def spec(t, in_shapes, params=None, ntops=1):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from embedlab.session import (DenseModelError, EmbeddingKeyError, FormatError, Session, auc,
                               solver_parser_helper)
+from embedlab.session.step import StepInputs
 
 from sessionlib import dump, wdl_json, write_lists
 
@@ -134,10 +134,8 @@ def test_train_eval_download_numpy_forward(tmp_path, wd_data):
     deep_out = np.stack([sum((deep.get(k, z4) for k in dk[ds[r_]:ds[r_ + 1]]), z4) for r_ in range(200)])
     x = np.concatenate([deep_out.reshape(50, 16), blk.dense], 1)
     pred = sigmoid(np.maximum(x @ w1 + b1, 0) @ w4 + b4 + wide_out)
-    args = [tf.constant(blk.label), tf.constant(blk.dense)]
-    for e, (splits, keys) in zip(sess.embeddings, blk.sparse):
-        args += [tf.constant(splits), tf.constant(e.translate_eval(keys))]
-    got = sess._eval_fn(*args)[0].numpy()
+    rows = [e.translate_eval(keys) for e, (_, keys) in zip(sess.embeddings, blk.sparse)]
+    got = sess._eval_fn(StepInputs.eval(blk, blk.sparse, rows))[0].numpy()
     np.testing.assert_allclose(got, pred, rtol=1e-5, atol=1e-6)
 
 

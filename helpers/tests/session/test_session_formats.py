@@ -45,8 +45,7 @@ def check_block(b, label, dense, keys):
         np.testing.assert_array_equal(k, want)
 
 
-def test_raw_block_matches_written(tmp_path):
-    rng = np.random.default_rng()
+def test_raw_block_matches_written(tmp_path, rng):
     n = 37
     label, dense, keys = records(rng, n)
     p = tmp_path / "d.raw"
@@ -55,8 +54,7 @@ def test_raw_block_matches_written(tmp_path):
     check_block(b, label, np.log1p(np.maximum(dense, 0)).astype(np.float32), keys)
 
 
-def test_raw_float_label_dense(tmp_path):
-    rng = np.random.default_rng()
+def test_raw_float_label_dense(tmp_path, rng):
     n = 11
     label, _, keys = records(rng, n)
     dense = rng.standard_normal((n, 3)).astype(np.float32)
@@ -66,8 +64,7 @@ def test_raw_float_label_dense(tmp_path):
     check_block(read_raw_block(p, spec("Raw", float_label_dense=True), n), label, dense, keys)
 
 
-def test_raw_errors_name_file_record_and_slot(tmp_path):
-    rng = np.random.default_rng()
+def test_raw_errors_name_file_record_and_slot(tmp_path, rng):
     label, dense, keys = records(rng, 8)
     p = tmp_path / "bad.raw"
     np.concatenate([label[:, None], dense, keys], 1).astype("<i4").tofile(p)
@@ -86,8 +83,7 @@ def write_parquet(path, label, dense, keys):
     pq.write_table(pa.table(cols), path)
 
 
-def test_parquet_block_and_reader_batches(tmp_path):
-    rng = np.random.default_rng()
+def test_parquet_block_and_reader_batches(tmp_path, rng):
     parts = []
     for f in range(3):
         n = int(rng.integers(20, 60))
@@ -114,8 +110,7 @@ def test_parquet_block_and_reader_batches(tmp_path):
         np.testing.assert_array_equal(np.concatenate(got_keys[i]), want)
 
 
-def test_parquet_errors(tmp_path):
-    rng = np.random.default_rng()
+def test_parquet_errors(tmp_path, rng):
     label, dense, keys = records(rng, 10)
     dense = dense.astype(np.float32)
     dense[4, 1] = np.nan

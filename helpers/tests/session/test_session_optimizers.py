@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from embedlab.session.embedding import TFOptimizer
+from embedlab.session.optimizer import TFOptimizer
 from embedlab.session.spec import OptimizerSpec
 
 
@@ -23,8 +23,7 @@ def _numpy_rule(kind, w, g, slots, lr, t, b1=0.9, b2=0.999, eps=1e-7, mu=0.9):
 
 
 @pytest.mark.parametrize("kind", ["Adam", "SGD", "MomentumSGD", "Nesterov"])
-def test_dense_and_global_updates_match_hugectr_formulas(kind):
-    rng = np.random.default_rng()
+def test_dense_and_global_updates_match_hugectr_formulas(kind, rng):
     spec = OptimizerSpec(type=kind, update_type="Global", learning_rate=0.01, momentum_factor=0.9)
     opt = TFOptimizer(spec)
     w0 = rng.standard_normal((50, 8))
@@ -60,10 +59,9 @@ def test_dense_and_global_updates_match_hugectr_formulas(kind):
         np.testing.assert_allclose(var.numpy(), ref, rtol=1e-5, atol=1e-6)
 
 
-def test_global_adam_reads_no_row_past_the_rows_in_use():
+def test_global_adam_reads_no_row_past_the_rows_in_use(rng):
     """The compiled Global Adam pass stops at rows_used: state planted past it (NaN) is neither
     read nor written, and a row index past rows_used extends the pass to that row only."""
-    rng = np.random.default_rng()
     spec = OptimizerSpec(type="Adam", update_type="Global", learning_rate=0.01)
     opt = TFOptimizer(spec)
     table0 = rng.standard_normal((40, 4)).astype(np.float32)
@@ -84,13 +82,12 @@ def test_global_adam_reads_no_row_past_the_rows_in_use():
                          tf.constant(2, tf.int64), tf.constant(41, tf.int64))
 
 
-def test_catch_up_replays_missed_steps_exactly_and_refuses_rows_too_far_behind():
+def test_catch_up_replays_missed_steps_exactly_and_refuses_rows_too_far_behind(rng):
     """EmbedLabGlobalAdamCatchUp on a row 3 steps behind equals 3 full passes with a zero
     gradient, bit for bit; repeated rows are replayed once; a row further behind than the
     learning-rate ring reaches is an error naming it, and nothing is written."""
     from embedlab import _native
     ops = _native.tf_ops()
-    rng = np.random.default_rng()
     spec = OptimizerSpec(type="Adam", update_type="Global", learning_rate=0.01)
     opt = TFOptimizer(spec)
     w0 = rng.standard_normal((6, 8)).astype(np.float32)
@@ -122,3 +119,23 @@ def test_catch_up_replays_missed_steps_exactly_and_refuses_rows_too_far_behind()
         catch_up([0, 3, 5], -1, 9)
     for a, b in zip(lazy, before):
         np.testing.assert_array_equal(a.numpy(), b)
+
+
+@pytest.mark.parametrize("kind", ["Adam", "SGD"])
+def test_compiled_embedding_state_is_the_optimizers_own(kind):
+    """An embedding on the compiled path keeps its optimizer state in the EmbedLab optimizer's
+    variables (`slot_variables`): the same variables the fused kernels update."""
+    from embedlab.session.embedding import Embedding
+    from embedlab.session.spec import EmbeddingSpec, SparseInput
+    opt = OptimizerSpec(type=kind, update_type="Local", learning_rate=0.01)
+    inp = SparseInput(top="s", type="DistributedSlot", max_feature_num_per_sample=1, slot_num=1, first_slot=0)
+    e = Embedding(EmbeddingSpec(index=0, name="e", type="DistributedSlotSparseEmbeddingHash", bottom="s", top="t",
+                                input=inp, vec=4, combiner="sum", capacity=8, slot_size_array=None, optimizer=opt),
+                  seed=0)
+    assert e.compiled
+    name, handles = e.kopt._slot_handles([e.table])
+    assert len(handles) == len(e.slots) and all(s.handle is h for s, h in zip(e.slots, handles))
+    assert len(e.slots) == (2 if kind == "Adam" else 0)
+    assert all(isinstance(s, tf.Variable) and tuple(s.shape) == (8, 4) for s in e.slots)
+    with pytest.raises(ValueError, match="has no state for variable"):
+        e.kopt.slot_variables(tf.Variable(tf.zeros([8, 4])))

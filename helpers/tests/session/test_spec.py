@@ -63,7 +63,7 @@ def test_per_embedding_optimizer_and_update_types():
     assert spec.optimizer.update_type == "Local"      # HugeCTR's default
     eo = spec.embeddings[0].optimizer
     assert (eo.type, eo.update_type, eo.momentum_factor) == ("MomentumSGD", "LazyGlobal", 0.9)
-    from embedlab.session.embedding import lr_at
+    from embedlab.session.optimizer import lr_at
     lrs = [lr_at(spec.optimizer, s) for s in range(1, 17)]
     assert lrs[:5] == pytest.approx([0.4, 0.8, 1.2, 1.6, 2.0])
     assert lrs[9] == 2.0 and lrs[10] == pytest.approx(2.0 * (3 / 4) ** 2) and lrs[14] == 0.0

@@ -9,7 +9,6 @@ import tensorflow as tf
 
 import embedlab.optimizers as eopt
 import embedlab.sok as sok
-from reference import seeded_rng
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -42,8 +41,7 @@ def test_bad_arguments_are_named():
         tf.function(lambda: sok.lookup_sparse([v], [_ragged([[-3]])], combiners=["sum"]))()
 
 
-def test_lookup_matches_tensorflow_with_weights_empty_rows_and_hotness_signature(request):
-    rng = seeded_rng(request)
+def test_lookup_matches_tensorflow_with_weights_empty_rows_and_hotness_signature(rng):
     full = rng.normal(size=(30, 4)).astype(np.float32)
     v = sok.Variable(full, mode="localized:0", name="w")
     lens = [2, 0, 3, 1]
@@ -62,8 +60,7 @@ def test_lookup_matches_tensorflow_with_weights_empty_rows_and_hotness_signature
     np.testing.assert_allclose(dense.numpy(), np.stack([[full[1], np.zeros(4)], [full[29], full[0]]]))
 
 
-def test_dynamic_variable_against_a_dict(request):
-    rng = seeded_rng(request)
+def test_dynamic_variable_against_a_dict(rng):
     universe = rng.integers(-2**62, 2**62, size=200)
     dv = sok.DynamicVariable(dimension=3, initializer="0.25", init_capacity=8, name="dyn")
     opt = sok.OptimizerWrapper(eopt.Adagrad(learning_rate=0.1))
@@ -101,8 +98,7 @@ def _train(dv, opt, ids):
     return loss
 
 
-def test_dump_load_round_trip_and_shape_errors(tmp_path, request):
-    rng = seeded_rng(request)
+def test_dump_load_round_trip_and_shape_errors(tmp_path, rng):
     a = sok.Variable(rng.normal(size=(13, 4)).astype(np.float32), name="a")
     opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(learning_rate=0.1))
     with tf.GradientTape() as tape:

@@ -49,8 +49,7 @@ def test_hierarchical_kv_only_apis_are_clear_errors():
         sok.incremental_model_dump([v], "path")
 
 
-def test_sok_sgd_is_sparse_sgd(request):
-    rng = np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+def test_sok_sgd_is_sparse_sgd(rng):
     full = rng.normal(size=(20, 3)).astype(np.float32)
     v = sok.Variable(full, name="sgd_t")
     opt = sok.SGD(lr=0.5)

@@ -13,17 +13,15 @@ import pytest
 
 from embedlab.data import criteo
 from embedlab.sok import demo
-from reference import fresh_seed
 
 STEPS, GLOBAL_BATCH, VOCAB, DIM = 12, 256, 1_000, 4
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, run_seed):
     """One DeepFM training on 2 workers (launched, profiled, dumped) and the same on 1 worker
     with splits=2, on fresh Criteo-format rows."""
-    seed = fresh_seed()
-    print(f"[seed] EMBEDLAB_TEST_SEED={seed}")
+    seed = run_seed
     d = tmp_path_factory.mktemp("deepfm")
     rows = criteo.generate(d / "rows.tsv", rows=STEPS * GLOBAL_BATCH + 100, seed=seed, progress=False)
     cmd = [sys.executable, "-m", "embedlab.sok.launch", "-n", "2", "--timeout", "400", "-m", "embedlab.sok.demo",
@@ -46,9 +44,8 @@ def test_one_worker_in_two_slices_equals_two_workers_to_the_bit(runs):
 
 
 @pytest.mark.parametrize("ulps", [1, 1000])
-def test_the_check_rejects_one_wrong_row(runs, ulps):
+def test_the_check_rejects_one_wrong_row(runs, ulps, rng):
     one, two, _, _ = runs
-    rng = np.random.default_rng(fresh_seed())
     row = int(rng.integers(VOCAB))
     bad = dict(two, table0=two["table0"].copy())
     for _ in range(ulps):
@@ -99,13 +96,13 @@ def test_bad_splits_are_refused():
         demo.train(data, 1, 128)
 
 
-def test_guide_demo_model_learns_its_toy_task():
+def test_guide_demo_model_learns_its_toy_task(run_seed):
     import embedlab
     tf = embedlab.import_tensorflow()
     import embedlab.sok as sok
     from embedlab.sok.demo_guide import DemoModel, guide_batches
 
-    batches = list(guide_batches(256, 40, seed=fresh_seed()))
+    batches = list(guide_batches(256, 40, seed=run_seed))
     inputs, labels = batches[0]
     assert inputs.shape == (256, 10, 5) and labels.shape == (256, 1)
     np.testing.assert_array_equal(labels[:, 0], inputs[:, 0, 0] % 2 == 0)

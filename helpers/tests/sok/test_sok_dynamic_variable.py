@@ -9,7 +9,6 @@ import pytest
 import tensorflow as tf
 
 import embedlab.sok as sok
-from reference import seeded_rng
 
 BIG = 2**63 - 1
 KEYS = [0, 7, 2**40, BIG, -1, 7, 0]          # duplicates included; -1 is a key like any other here
@@ -126,10 +125,9 @@ def test_scatter_methods_write_by_key(mode):
         v.scatter_update(tf.IndexedSlices(tf.ones([2, 4]), _k([1, 2])))
 
 
-def test_training_through_embedding_lookup_matches_a_tf_variable(request):
+def test_training_through_embedding_lookup_matches_a_tf_variable(rng):
     """SOK's own dynamic_variable_test: the table read with tf.nn.embedding_lookup and trained
     with OptimizerWrapper equals a tf.Variable trained by the same optimizer on the same rows."""
-    rng = seeded_rng(request)
     universe = np.array([0, 3, 2**40, BIG, -5, 123456789], np.int64)
     for make in (lambda: tf.keras.optimizers.SGD(learning_rate=0.5, momentum=0.9),
                  lambda: tf.keras.optimizers.Adagrad(learning_rate=0.5)):
@@ -360,10 +358,9 @@ def test_two_workers_read_their_own_keys_and_refuse_others(tmp_path):
             assert "belongs to another worker" in r["foreign_" + mode] and f"this is rank {rank}" in r["foreign_" + mode]
 
 
-def test_checkpoint_with_optimizer_resumes_training_exactly(tmp_path, request):
+def test_checkpoint_with_optimizer_resumes_training_exactly(tmp_path, rng):
     """Table and OptimizerWrapper's slots in one tf.train.Checkpoint: restored into a table that
     saw other keys first, training goes on to the same rows as without the break."""
-    rng = seeded_rng(request)
     universe = np.array([4, 2**40, BIG, -9, 0], np.int64)
     batches = [tf.constant(rng.choice(universe, size=6), tf.int64) for _ in range(6)]
 

@@ -4,23 +4,12 @@ a CUDA build, PyTorch or a GPU), all against a NumPy oracle on fresh random keys
 (-1), duplicates, empty tables, distributed / localized / hashed tables and 1-5 owners."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
-from reference import seeded_rng
+from gpu_arrays import load_core
 
-
-def _core():
-    if os.environ.get("EMBEDLAB_CORE_STANDALONE"):
-        import _embedlab_core
-        return _embedlab_core
-    from embedlab import _native
-    return _native.core()
-
-
-core = _core()
+core = load_core()
 
 
 def np_route(keys, offsets, modes, rows, ranks, n, stride):
@@ -82,8 +71,7 @@ def random_case(rng, n, num_tables=None):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
-def test_cpu_routing_matches_oracle(request, n):
-    rng = seeded_rng(request)
+def test_cpu_routing_matches_oracle(n, rng):
     for _ in range(6):
         keys, offsets, modes, rows, ranks = random_case(rng, n)
         for stride in (-1, 0):
@@ -112,11 +100,10 @@ def test_cpu_routing_bad_keys_are_named():
         core.route_keys(keys, np.array([0, 4, 6], np.int64), [0, 0], [10, 20], [0, 0], 2)
 
 
-def test_tf_route_ops_match_oracle(request):
+def test_tf_route_ops_match_oracle(rng):
     tf = pytest.importorskip("tensorflow", reason="the TF ops need TensorFlow (the GPU machine's standalone build has none)")
     from embedlab import _native
     lib = _native.tf_ops()
-    rng = seeded_rng(request)
     for n in (1, 2, 3):
         keys, offsets, modes, rows, ranks = random_case(rng, n, num_tables=3)
         parts = [keys[offsets[t]:offsets[t + 1]] for t in range(3)]
@@ -136,26 +123,10 @@ def test_tf_route_ops_match_oracle(request):
 
 
 # ---- CUDA --------------------------------------------------------------------------------------
-def _cuda_skip_reason():
-    if not hasattr(core, "route_count_cuda"):
-        return "the module was built without CUDA (EMBEDLAB_CUDA=OFF or no nvcc)"
-    try:
-        import torch
-    except ImportError:
-        return "PyTorch is not installed (it moves arrays to the GPU in these tests)"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    return None
-
-
-_CUDA_SKIP = _cuda_skip_reason()
-
-
-@pytest.mark.skipif(_CUDA_SKIP is not None, reason=_CUDA_SKIP or "")
+@pytest.mark.needs_gpu("route_count_cuda")
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 64])
-def test_cuda_routing_matches_cpu_and_oracle(request, n):
-    import torch
-    rng = seeded_rng(request)
+def test_cuda_routing_matches_cpu_and_oracle(n, rng):
+    torch = pytest.importorskip("torch", reason="PyTorch puts these tests' arrays on the GPU")
     stream = torch.cuda.current_stream().cuda_stream
     for _ in range(5):
         keys, offsets, modes, rows, ranks = random_case(rng, n)
@@ -186,9 +157,9 @@ def test_cuda_routing_matches_cpu_and_oracle(request, n):
             np.testing.assert_array_equal(inverse.cpu().numpy(), ref[2])
 
 
-@pytest.mark.skipif(_CUDA_SKIP is not None, reason=_CUDA_SKIP or "")
+@pytest.mark.needs_gpu("route_count_cuda")
 def test_cuda_routing_bad_key_is_named():
-    import torch
+    torch = pytest.importorskip("torch", reason="PyTorch puts these tests' arrays on the GPU")
     keys = torch.tensor([0, 5, -1, 9, 3, 12, 13], dtype=torch.int64, device="cuda")
     counts = torch.empty((2, 2), dtype=torch.int64, device="cuda")
     with pytest.raises(ValueError, match="key 12 at position 1 of table 1 is outside the table of 10 rows"):

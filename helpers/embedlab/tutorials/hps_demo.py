@@ -1,0 +1,349 @@
+"""The HPS tiers at work (notebook 05, part 7; notebook 06 uses `captured_log`).
+
+* :func:`hit_rate_vs_cache_size`: cache hit rate against cache size on a Zipf stream, next to a
+  frequency oracle (:func:`top_k_hit_rate`).
+* :func:`tier_stacks`: one stream through cache -> hash_map, cache -> Redis -> RocksDB and RocksDB
+  alone, every lookup timed (wall and CPU time), split by tier and checked against the sparse files.
+* :func:`redis_outage`: the same stream through cache -> Redis -> RocksDB while Redis is killed
+  and later restarted empty, with the time per phase.
+* :func:`slow_lookups` and :func:`tier_split` turn those measurements into the notebook's
+  explanations (where a slow lookup spent its time; which tier costs what).
+
+The server's log messages during a run are kept in :attr:`StreamRun.log` (and not printed), so a
+notebook shows them as part of the result. No TensorFlow here.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..sparse_model import read_sparse_model
+from ..hps.server import ParameterServer
+
+log = logging.getLogger("embedlab.hps")
+
+__all__ = ["zipf_stream", "hit_rate_vs_cache_size", "top_k_hit_rate", "StreamRun", "run_stream",
+           "tier_stacks", "redis_outage", "slow_lookups", "tier_split", "captured_log", "TIERS"]
+
+TIERS = ("cache", "volatile", "persistent")
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)   # the calling thread (Linux)
+
+
+def zipf_stream(keys: np.ndarray, n_batches: int, batch: int, alpha: float = 1.05, seed: int = 0) -> list:
+    """``n_batches`` batches of ``batch`` keys drawn from ``keys`` with Zipf(alpha) popularity
+    (a random key order decides which keys are popular)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(keys))
+    ranks = np.arange(1, len(keys) + 1, dtype=np.float64)
+    p = ranks ** -alpha
+    p /= p.sum()
+    return [keys[order[rng.choice(len(keys), size=batch, p=p)]] for _ in range(n_batches)]
+
+
+def _model(name, sparse_dir, dim, **kw):
+    m = {"model": name, "sparse_files": [str(Path(sparse_dir).resolve())], "embedding_vecsize_per_table": [dim],
+         "embedding_table_names": ["t"], "default_value_for_each_table": [0.0]}
+    m.update(kw)
+    return m
+
+
+def hit_rate_vs_cache_size(sparse_dir, stream, fractions=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5),
+                           warmup_batches: int = 5) -> dict:
+    """Cache hit rate over the stream (after ``warmup_batches``) for each ``gpucacheper`` in
+    ``fractions``; the volatile tier is a ``hash_map`` holding every row, insertions synchronous.
+
+    Returns:
+        ``{"fraction": [...], "hit_rate": [...], "capacity": [...]}``.
+    """
+    sm = read_sparse_model(sparse_dir)
+    out = {"fraction": [], "hit_rate": [], "capacity": []}
+    for f in fractions:
+        cfg = {"volatile_db": {"type": "hash_map"}, "persistent_db": {"type": "disabled"},
+               "models": [_model("zipf", sparse_dir, sm.dim, gpucache=True, gpucacheper=float(f),
+                                 hit_rate_threshold=1.5)]}
+        with ParameterServer(cfg) as ps:
+            for b in stream[:warmup_batches]:
+                ps.lookup("zipf", 0, b)
+            s0 = ps.stats()["tiers"]["cache"]
+            for b in stream[warmup_batches:]:
+                ps.lookup("zipf", 0, b)
+            s1 = ps.stats()["tiers"]["cache"]
+            hits, misses = s1["hits"] - s0["hits"], s1["misses"] - s0["misses"]
+            out["fraction"].append(float(f))
+            out["hit_rate"].append(hits / max(1, hits + misses))
+            out["capacity"].append(ps.table_info("zipf", 0)["cache_capacity"])
+    return out
+
+
+def top_k_hit_rate(stream, capacities, warmup_batches: int = 5) -> list:
+    """The hit rate a cache of each capacity would reach if it held the stream's most frequent
+    keys from the start (a frequency oracle no online cache can beat on an i.i.d. stream)."""
+    keys = np.concatenate(stream[warmup_batches:])
+    _, counts = np.unique(keys, return_counts=True)
+    cum = np.concatenate([[0], np.cumsum(np.sort(counts)[::-1])]) / len(keys)
+    return [float(cum[min(int(c), len(cum) - 1)]) for c in capacities]
+
+
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(f"{record.levelname}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def captured_log(name: str = "embedlab.hps"):
+    """Collects the messages of logger ``name`` (INFO and above) in a list instead of printing them.
+
+    Example:
+        >>> with captured_log() as messages:
+        ...     logging.getLogger("embedlab.hps").warning("Redis down")
+        >>> messages
+        ['WARNING: Redis down']
+    """
+    logger = logging.getLogger(name)
+    handler = _Collect()
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+@dataclass
+class StreamRun:
+    """One stream through one tier stack, per lookup.
+
+    ``latency_ms``: wall time; ``cpu_ms``: CPU time of this process over the lookup (every
+    thread); ``preempted``: involuntary context switches of the calling thread during it (it
+    was ready to run and another thread or process took the core); ``tier_ms`` / ``tier_keys`` / ``tier_inserted``: per tier
+    (``cache``, ``volatile``, ``persistent``), the time its finds took, the keys it was asked
+    for and the rows written into it; ``exact``: the answer equals the sparse files' rows;
+    ``events``: batch index -> what happened before it; ``log``: the server's log messages.
+    """
+    name: str
+    latency_ms: list = field(default_factory=list)
+    cpu_ms: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+    tier_ms: dict = field(default_factory=lambda: {t: [] for t in TIERS})
+    tier_keys: dict = field(default_factory=lambda: {t: [] for t in TIERS})
+    tier_inserted: dict = field(default_factory=lambda: {t: [] for t in TIERS})
+    exact: list = field(default_factory=list)
+    events: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    log: list = field(default_factory=list)
+
+    def phases(self) -> list:
+        """``[(label, first, stop)]`` batch ranges split at the events (the first is "start")."""
+        cuts = sorted(self.events)
+        starts = [0] + cuts
+        labels = ["start"] + [self.events[c] for c in cuts]
+        stops = cuts + [len(self.latency_ms)]
+        return [(lab, a, b) for lab, a, b in zip(labels, starts, stops) if b > a]
+
+
+class _Recorder:
+    """Times lookups of one server into a :class:`StreamRun` and checks them against the files."""
+
+    def __init__(self, name, ps: ParameterServer, model, oracle_vectors, key_to_row):
+        self.run = StreamRun(name)
+        self.ps, self.model, self.vectors, self.key_to_row = ps, model, oracle_vectors, key_to_row
+        self.prev = ps.stats()["tiers"]
+
+    def lookup(self, b) -> None:
+        run = self.run
+        r0 = resource.getrusage(_RUSAGE_THREAD).ru_nivcsw
+        c0, t0 = time.process_time(), time.perf_counter()
+        got = self.ps.lookup(self.model, 0, b)
+        t1, c1 = time.perf_counter(), time.process_time()
+        r1 = resource.getrusage(_RUSAGE_THREAD).ru_nivcsw
+        run.latency_ms.append(1e3 * (t1 - t0))
+        run.cpu_ms.append(1e3 * (c1 - c0))
+        run.preempted.append(r1 - r0)
+        run.exact.append(bool(np.array_equal(got, self.vectors[self.key_to_row(b)])))
+        now = self.ps.stats()["tiers"]
+        prev = self.prev
+        for t in TIERS:
+            run.tier_ms[t].append(1e3 * (now[t]["seconds"] - prev[t]["seconds"]))
+            run.tier_keys[t].append(now[t]["hits"] + now[t]["misses"] - prev[t]["hits"] - prev[t]["misses"])
+            run.tier_inserted[t].append(now[t]["inserted"] - prev[t]["inserted"])
+        self.prev = now
+
+    def finish(self, messages) -> StreamRun:
+        self.run.stats = self.ps.stats()
+        self.run.log = list(messages)
+        return self.run
+
+
+def run_stream(name: str, ps: ParameterServer, model: str, stream, oracle_vectors, key_to_row,
+               on_batch=None) -> StreamRun:
+    """Looks every batch up, timing it (wall, CPU, per tier) and comparing it with the sparse
+    file's rows. ``on_batch(i)`` runs before batch ``i`` and may return an event label."""
+    with captured_log() as messages:
+        rec = _Recorder(name, ps, model, oracle_vectors, key_to_row)
+        for i, b in enumerate(stream):
+            if on_batch is not None:
+                ev = on_batch(i)
+                if ev:
+                    rec.run.events[i] = ev
+            rec.lookup(b)
+        return rec.finish(messages)
+
+
+def _oracle(sparse_dir):
+    sm = read_sparse_model(sparse_dir)
+    order = np.argsort(sm.keys)
+    sorted_keys = sm.keys[order]
+
+    def key_to_row(b):
+        return order[np.searchsorted(sorted_keys, b)]
+    return sm, key_to_row
+
+
+def _drop_redis_table(volatile_db: dict, table: str) -> None:
+    """Deletes the demo's table from a Redis it wrote to (a user's Redis keeps no demo rows)."""
+    from ..hps.config import load_config
+    from ..hps.tiers import RedisTier
+    cfg = load_config({"volatile_db": volatile_db, "persistent_db": {"type": "disabled"},
+                       "models": [_model("x", "/nonexistent", 1)]}).volatile_db
+    tier = RedisTier(cfg)
+    try:
+        tier.drop(table)
+    finally:
+        tier.close()
+
+
+def tier_stacks(sparse_dir, stream, redis, workdir=None, gpucacheper: float = 0.05,
+                use_native: bool = True) -> list:
+    """The same stream through three stacks, no fault: cache -> ``hash_map``; cache -> Redis ->
+    RocksDB; RocksDB alone.
+
+    The three servers are open together and each batch is looked up in every stack in turn, so a
+    slow moment of the machine (another process on the cores) falls on all stacks alike.
+
+    Args:
+        redis: the Redis of the second stack (:func:`embedlab.hps.redis.hps_redis`: the user's,
+            named by ``EMBEDLAB_REDIS_ADDRESS``, or a local one). The demo's table
+            (``hps_et.walk.t``) is deleted from it afterwards.
+        use_native: False leaves out the compiled cache and hash map (builds without them).
+
+    Returns:
+        A list of :class:`StreamRun`, in that order.
+    """
+    sm, key_to_row = _oracle(sparse_dir)
+    work = Path(workdir or tempfile.mkdtemp(prefix="embedlab-hps-stacks-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cache = dict(gpucache=use_native, gpucacheper=gpucacheper)
+    vdb = redis.volatile_db(num_partitions=8, initial_cache_rate=1.0, cache_missed_embeddings=True)
+    configs = []
+    if use_native:
+        configs.append(("cache -> hash_map", {"volatile_db": {"type": "hash_map"}, "persistent_db": {"type": "disabled"},
+                                              "models": [_model("walk", sparse_dir, sm.dim, **cache)]}))
+    configs.append(("cache -> Redis -> RocksDB" if use_native else "Redis -> RocksDB",
+                    {"volatile_db": vdb, "persistent_db": {"type": "rocks_db", "path": str(work / "rocksdb_redis")},
+                     "models": [_model("walk", sparse_dir, sm.dim, **cache)]}))
+    configs.append(("RocksDB only", {"volatile_db": {"type": "disabled"},
+                                     "persistent_db": {"type": "rocks_db", "path": str(work / "rocksdb_only")},
+                                     "models": [_model("walk", sparse_dir, sm.dim, gpucache=False)]}))
+    with contextlib.ExitStack() as stack:
+        stack.callback(_drop_redis_table, vdb, "hps_et.walk.t")
+        messages = stack.enter_context(captured_log())
+        recorders = [_Recorder(name, stack.enter_context(ParameterServer(cfg)), "walk", sm.vectors, key_to_row)
+                     for name, cfg in configs]
+        for b in stream:
+            for rec in recorders:
+                rec.lookup(b)
+        return [rec.finish(messages) for rec in recorders]
+
+
+def redis_outage(sparse_dir, stream, redis, workdir=None, gpucacheper: float = 0.05, kill_at: float = 0.5,
+                 restart_at: float | None = 0.8, use_native: bool = True) -> StreamRun:
+    """The stream through cache -> Redis -> RocksDB; Redis is killed (SIGKILL) before batch
+    ``kill_at * len(stream)`` and started again, empty, before ``restart_at * len(stream)``.
+
+    Args:
+        redis: a Redis started by this process (:func:`embedlab.hps.redis.redis_to_kill` gives
+            one): a server this process did not start is never killed (ValueError).
+
+    ``retry_seconds=0``: every lookup tries Redis again while it is down (a refused connection
+    costs well under a millisecond here), so the first lookup after the restart finds it back,
+    however fast the batches go. A server would wait longer between tries.
+    """
+    if getattr(redis, "external", True):
+        raise ValueError(f"redis_outage kills its Redis, and {redis!r} was not started here; pass "
+                         "embedlab.hps.redis.redis_to_kill(redis), a local throw-away server")
+    sm, key_to_row = _oracle(sparse_dir)
+    work = Path(workdir or tempfile.mkdtemp(prefix="embedlab-hps-outage-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = {"volatile_db": redis.volatile_db(num_partitions=8, initial_cache_rate=1.0, cache_missed_embeddings=True),
+           "persistent_db": {"type": "rocks_db", "path": str(work / "rocksdb_outage")},
+           "models": [_model("walk", sparse_dir, sm.dim, gpucache=use_native, gpucacheper=gpucacheper)]}
+    n = len(stream)
+    kill_i, restart_i = int(kill_at * n), (int(restart_at * n) if restart_at is not None else None)
+
+    def on_batch(i):
+        if i == kill_i:
+            redis.kill()
+            return "Redis killed"
+        if restart_i is not None and i == restart_i:
+            redis.start()
+            return "Redis restarted, empty"
+        return None
+    with ParameterServer(cfg, retry_seconds=0.0) as ps:
+        return run_stream("cache -> Redis -> RocksDB" if use_native else "Redis -> RocksDB",
+                          ps, "walk", stream, sm.vectors, key_to_row, on_batch)
+
+
+def slow_lookups(run: StreamRun, factor: float = 2.0, first: int = 0, stop: int | None = None) -> dict:
+    """Where the lookups slower than ``factor`` x the median (of batches ``first:stop``) spent
+    their excess time.
+
+    Returns:
+        ``{"median_ms", "slow": count, "batches": their indices, "excess_ms": their time above the
+        median, "off_cpu_share": the part of it this process did not run (wall - CPU time, at
+        least 0), "preempted": their involuntary context switches}``.
+    """
+    lat = np.asarray(run.latency_ms[first:stop])
+    cpu = np.asarray(run.cpu_ms[first:stop])
+    pre = np.asarray(run.preempted[first:stop])
+    med = float(np.median(lat)) if lat.size else float("nan")
+    slow = lat > factor * med
+    excess = float(np.sum(lat[slow] - med))
+    off = float(np.sum(np.clip(lat[slow] - cpu[slow], 0.0, None)))
+    return {"median_ms": med, "slow": int(slow.sum()), "batches": (first + np.flatnonzero(slow)).tolist(),
+            "excess_ms": excess,
+            "off_cpu_share": min(1.0, off / excess) if excess > 0 else 0.0,
+            "preempted": int(pre[slow].sum())}
+
+
+def tier_split(run: StreamRun, first: int = 0, stop: int | None = None) -> dict:
+    """Median per lookup over batches ``first:stop``: wall ms; per tier the ms of its finds, the
+    keys asked and the rows written into it; ``other_ms``, the time outside the finds (writing
+    rows up into Redis and the cache, deduplicating keys, assembling the answer); and
+    ``off_cpu_ms``, the wall time this process did not run (waiting for Redis, or preempted)."""
+    sl = slice(first, stop)
+    lat = np.asarray(run.latency_ms[sl])
+    tiers = {t: np.asarray(run.tier_ms[t][sl]) for t in TIERS}
+    out = {"latency_ms": float(np.median(lat))}
+    for t in TIERS:
+        out[f"{t}_ms"] = float(np.median(tiers[t]))
+        out[f"{t}_keys"] = float(np.median(np.asarray(run.tier_keys[t][sl])))
+    out["other_ms"] = float(np.median(lat - sum(tiers.values())))
+    out["off_cpu_ms"] = float(np.median(np.clip(lat - np.asarray(run.cpu_ms[sl]), 0.0, None)))
+    for t in TIERS:
+        out[f"{t}_inserted"] = float(np.median(np.asarray(run.tier_inserted[t][sl])))
+    return out
