@@ -86,7 +86,8 @@ class _EmbeddingBase(keras.layers.Layer):
         with local_variable_scope():
             self.embedding_variable = self.add_weight(
                 shape=(self.max_vocabulary_size_per_gpu, self.embedding_vec_size),
-                initializer=self.embedding_initializer, trainable=True, name="EmbeddingVariable")
+                initializer=self.embedding_initializer, trainable=True, name="EmbeddingVariable",
+                autocast=False)   # as SOK: the table stays in the policy's variable dtype
         v = self.embedding_variable
         v.is_sok_variable = True
         v.mode, v.kind, v.target_rank = "distributed", "distributed", -1
@@ -102,7 +103,11 @@ class _EmbeddingBase(keras.layers.Layer):
         self.built = True
 
     def _lookup(self, sp_ids, combiner):
-        return lookup_sparse([self.embedding_variable], [sp_ids], combiners=[combiner])[0]
+        return self._to_compute_dtype(lookup_sparse([self.embedding_variable], [sp_ids], combiners=[combiner])[0])
+
+    def _to_compute_dtype(self, out):
+        # SOK returns the vectors in the layer's compute dtype (float16 under `mixed_float16`).
+        return tf.cast(out, self.compute_dtype) if out.dtype != self.compute_dtype else out
 
 
 class DistributedEmbedding(_EmbeddingBase):
@@ -145,7 +150,7 @@ class All2AllDenseEmbedding(_EmbeddingBase):
         ids = tf.cast(inputs, tf.int64)
         if not self.dynamic_input and ids.shape.rank is not None and ids.shape.rank != 3:
             raise ValueError(f"All2AllDenseEmbedding: input must be [batch, slot_num, nnz_per_slot], got {ids.shape}")
-        out = all2all_dense_embedding(self.embedding_variable, ids)
+        out = self._to_compute_dtype(all2all_dense_embedding(self.embedding_variable, ids))
         if not self.dynamic_input:
             out = tf.reshape(out, [-1, self.slot_num, self.nnz_per_slot, self.embedding_vec_size])
         return out

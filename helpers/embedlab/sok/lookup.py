@@ -166,8 +166,8 @@ def _check_params(params, where):
         if not is_sok_variable(p):
             raise ValueError(f"{where}: params[{t}] must be an embedlab.sok.Variable or DynamicVariable, got "
                              f"{type(p).__name__}")
-        if p.dtype != tf.float32:
-            raise ValueError(f"{where}: params[{t}] ('{p.table_name}') must be float32, got {p.dtype.name}")
+        if tf.as_dtype(p.dtype) != tf.float32:
+            raise ValueError(f"{where}: params[{t}] ('{p.table_name}') must be float32, got {tf.as_dtype(p.dtype).name}")
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, hotness=None, use_low_frequency_filter=False,

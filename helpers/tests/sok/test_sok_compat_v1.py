@@ -68,3 +68,35 @@ def test_get_embedding_creates_once_then_returns_the_same_layer():
                              embedding_vec_size=2, slot_num=1, nnz_per_slot=1) is emb
     with pytest.raises(ValueError, match="no embedding layer 'missing' yet, and no constructor"):
         sok.get_embedding("missing")
+
+
+@pytest.mark.parametrize("layer", ["dense", "sparse"])
+def test_v1_layers_under_mixed_float16_keep_float32_tables_and_return_the_compute_dtype(layer):
+    """SOK keeps its tables in the policy's variable dtype (float32) and returns vectors in its
+    compute dtype; here the layers used to fail under `mixed_float16` (AttributeError inside the
+    dtype check, whose message could not be built)."""
+    import keras
+    keys = np.array([[[1], [2]], [[3], [0]]], np.int64)
+    old = keras.mixed_precision.global_policy()
+    try:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+        if layer == "dense":
+            lay = sok.All2AllDenseEmbedding(16, 4, slot_num=2, nnz_per_slot=1, use_hashtable=False,
+                                            embedding_initializer=keras.initializers.RandomUniform(-1, 1, seed=3))
+            ids = tf.constant(keys)
+        else:
+            lay = sok.DistributedEmbedding("sum", 16, 4, slot_num=2, max_nnz=1, use_hashtable=False,
+                                           embedding_initializer=keras.initializers.RandomUniform(-1, 1, seed=3))
+            ids = tf.SparseTensor([[r, 0] for r in range(4)], tf.constant(keys.reshape(-1)), [4, 1])
+        with tf.GradientTape() as tape:
+            out = lay(ids)
+            loss = tf.reduce_sum(tf.cast(out, tf.float32))
+        grad = tape.gradient(loss, lay.embedding_variable)
+    finally:
+        keras.mixed_precision.set_global_policy(old)
+    table = lay.embedding_variable.numpy()
+    assert table.dtype == np.float32
+    assert out.dtype == tf.float16
+    want = table[keys.reshape(-1)].reshape(2, 2, 1, 4) if layer == "dense" else table[keys.reshape(-1)].reshape(2, 2, 4)
+    np.testing.assert_array_equal(out.numpy(), want.astype(np.float16))
+    assert grad is not None
