@@ -10,11 +10,11 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import nbformat
+from embedlab._io import atomic_file
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
@@ -23,14 +23,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _write_atomic(nb, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            nbformat.write(nb, f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path) as tmp:
+        nbformat.write(nb, str(tmp))
 
 
 def _heading_above(cells, index: int) -> str:
