@@ -282,3 +282,63 @@ def test_command_line_scheduler_and_workers(inputs, tmp_path, monkeypatch):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+# ----------------------------------------------------------------------------- Norm conversion
+
+NORM_CASES = {
+    # data files cut across row groups and parts, tasks across file lists
+    "lists": dict(samples_per_file=700, files_per_list=4, files_per_task=3),
+    # one list; a 2-column multi-hot slot first, int64 keys, no checksums
+    "multihot": dict(samples_per_file=2_500, key_type="int64", error_check=False,
+                     slots=[["C1_C2", "C3_C4"], "C1", "C2", "C5"], dense=["I1", "I3"]),
+}
+
+
+@pytest.mark.parametrize("case", list(NORM_CASES))
+def test_parquet_to_norm_identical_to_single_process(inputs, local, case, tmp_path, monkeypatch):
+    """The per-part conversion writes the single-process conversion's files, byte for byte."""
+    from embedlab.data import formats
+    d, paths, ref = inputs
+    n, client = local
+    if n == 3:
+        pytest.skip("1 and 2 workers are enough for the conversion")
+    kw = dict(NORM_CASES[case])
+    parts = [ref.files[s][0] for s in criteo.SPLIT_NAMES]          # 3 parts, 1,000-row groups
+    assert all(pq.ParquetFile(p).metadata.num_row_groups > 1 for p in parts[:1])
+    for side in ("single", "dask"):
+        (tmp_path / side).mkdir()
+    # Relative out_dir: the file lists name it as given, so both lists read the same.
+    monkeypatch.chdir(tmp_path / "single")
+    want = formats.parquet_to_norm(parts, "norm", progress=False,
+                                   **{k: v for k, v in kw.items() if k != "files_per_task"})
+    monkeypatch.chdir(tmp_path / "dask")
+    got = criteo_dask.parquet_to_norm(parts, "norm", progress=False, client=client, **kw)
+    assert got == want
+    a, b = tmp_path / "single" / "norm", tmp_path / "dask" / "norm"
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    assert sum(x.endswith(".data") for x in names) == -(-sum(ref.rows.values())
+                                                        // kw["samples_per_file"])
+    assert sum(x.endswith(".keyset") for x in names) == len(want) > 0
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert formats.read_keyset(b / "file_list.keyset" if case == "multihot"
+                               else b / "file_list.0.keyset", key_type=kw.get("key_type", "uint32")).size
+    assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == ["norm"]   # no temporary
+
+
+def test_parquet_to_norm_failing_part_leaves_nothing(inputs, local, tmp_path):
+    """A part the workers cannot convert (a column missing) fails the run; nothing is left."""
+    d, paths, ref = inputs
+    n, client = local
+    if n != 2:
+        pytest.skip("one cluster size is enough for the error path")
+    bad = tmp_path / "bad.parquet"
+    t = pq.read_table(ref.files["val"][0])
+    pq.write_table(t.drop_columns(["I2"]), bad)
+    with pytest.raises(Exception, match="I2"):
+        criteo_dask.parquet_to_norm([ref.files["train"][0], bad], tmp_path / "norm",
+                                    samples_per_file=1_000, files_per_task=2, progress=False,
+                                    client=client)
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.parquet"]

@@ -38,11 +38,19 @@ output is built in a temporary folder next to `dst` and renamed into place only 
 nothing partial is left (on a local or shared file system the rename is atomic; on an object
 store it is a copy).
 
+The HugeCTR Norm conversion of the parquet output (`formats.parquet_to_norm`) runs per part
+too: `parquet_to_norm(src, out_dir, client=...)` writes the same data files, file lists and
+keysets, byte for byte, as the single-process conversion of the same parquet files (one task per
+group of data files, reading only the row groups it needs; one task per file list writes its
+keyset from the data files' unique keys). Its output folder is local or on a shared file system
+(HugeCTR's file lists name local paths).
+
 Example:
     >>> from embedlab.data import criteo                                  # doctest: +SKIP
     >>> from embedlab.data.criteo import etl_dask                         # doctest: +SKIP
     >>> with etl_dask.local_client(n_workers=2) as client:                # doctest: +SKIP
     ...     res = criteo.preprocess("day.txt", "day_parquet", client=client)
+    ...     lists = etl_dask.parquet_to_norm(res.files["train"], "day_norm", client=client)
 """
 from __future__ import annotations
 
@@ -60,8 +68,8 @@ import numpy as np
 
 from . import etl, layout, parse
 
-__all__ = ["preprocess", "local_client", "resolve_client", "worker_peak_rss", "output_digest",
-           "ChunkFailedError", "SCHEDULER_ENV"]
+__all__ = ["preprocess", "parquet_to_norm", "local_client", "resolve_client", "worker_peak_rss",
+           "output_digest", "ChunkFailedError", "SCHEDULER_ENV"]
 
 SCHEDULER_ENV = "EMBEDLAB_DASK_SCHEDULER"
 _MAX_ERRORS_KEPT = 100        # malformed lines kept per chunk for the report (all are counted)
@@ -701,3 +709,217 @@ def _swap_into_place(fs, tmp, out_path, local_out):
     if fs.exists(out_path):
         fs.rm(out_path, recursive=True)
     fs.mv(tmp, out_path, recursive=True)
+
+
+
+# --------------------------------------------------------------------------------------
+# Parquet -> HugeCTR Norm files, file lists and keysets, per part
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _NormPart:
+    index: int          # task index
+    first: int          # data files [first, last) of the conversion
+    last: int
+    lo: int             # global rows [lo, hi)
+    hi: int
+    pieces: tuple       # ((parquet path, row group, its first global row), ...) covering [lo, hi)
+    what: str = "Norm files"
+
+    def describe(self) -> str:
+        return f"{self.what} {self.first}-{self.last - 1} (rows {self.lo:,}-{self.hi - 1:,})"
+
+
+def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
+                    files_per_list: int | None = None, error_check: bool = True,
+                    key_type: str = "uint32", prefix: str = "part", slots=None, dense=None,
+                    progress: bool = True, client=None, files_per_task: int | None = None) -> list:
+    """`formats.parquet_to_norm` on a Dask cluster: the same files, byte for byte.
+
+    Same arguments and output as `formats.parquet_to_norm` (see it): `<prefix>_<i>.data` of
+    `samples_per_file` records each over the rows of `src` in order, the file list(s) and their
+    keysets, and `norm_meta.json`, whatever the number of workers. Data file i holds rows
+    [i * samples_per_file, (i + 1) * samples_per_file) of the parquet files in order, so each
+    task converts `files_per_task` consecutive data files (default: about 1M rows' worth),
+    reading only the row groups it needs; one task per file list merges its files' unique keys
+    into the keyset. `client` is resolved as in `preprocess` (a `Client`, an address, "local",
+    or None: `EMBEDLAB_DASK_SCHEDULER`).
+
+    `src` and `out_dir` are local paths that every worker reaches under the same names (one
+    machine, or a shared file system). The folder is built under a temporary name next to
+    `out_dir` (each file under a unique name, then renamed, so a task rerun after a worker died
+    writes the same bytes) and renamed into place at the end; on failure nothing is left.
+
+    Returns:
+        The file-list paths, in order.
+
+    Raises:
+        ChunkFailedError: a task failed for good (its workers died more often than Dask
+            retries); the error names its data files and rows, nothing is written.
+    """
+    import pyarrow.parquet as pq
+    from pathlib import Path
+    from .._progress import tqdm
+    from ..formats import parquet_files
+    from ..formats import norm as _norm
+    from ..._io import write_file_list
+
+    if isinstance(samples_per_file, bool) or int(samples_per_file) < 1:
+        raise ValueError(f"parquet_to_norm: samples_per_file must be >= 1, got {samples_per_file}")
+    if files_per_list is not None and int(files_per_list) < 1:
+        raise ValueError(f"parquet_to_norm: files_per_list must be >= 1 or None, got "
+                         f"{files_per_list}")
+    if files_per_task is not None and int(files_per_task) < 1:
+        raise ValueError(f"parquet_to_norm: files_per_task must be >= 1 or None, got "
+                         f"{files_per_task}")
+    if key_type not in _norm._KEY_DTYPES:
+        raise ValueError(f"parquet_to_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
+    for p in (src if isinstance(src, (list, tuple)) else [src]):
+        if "://" in os.fspath(p):
+            raise ValueError(f"parquet_to_norm on Dask reads and writes local paths (a shared file "
+                             f"system on several machines), got {os.fspath(p)!r}")
+    if "://" in os.fspath(out_dir):
+        raise ValueError(f"parquet_to_norm on Dask writes a local path (a shared file system on "
+                         f"several machines), got {os.fspath(out_dir)!r}")
+    spf = int(samples_per_file)
+    files = [Path(f).absolute() for f in parquet_files(src)]
+    slots, slot_cols, dense = _norm._norm_columns(files[0], slots, dense)
+    # Global first row of every row group, in input order.
+    groups, start = [], 0
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        for g in range(md.num_row_groups):
+            n = md.row_group(g).num_rows
+            if n:
+                groups.append((str(f), g, start, n))
+            start += n
+    total = start
+    n_files = -(-total // spf)
+    per_task = int(files_per_task) if files_per_task else max(1, (1 << 20) // spf)
+    parts, j = [], 0
+    for first in range(0, n_files, per_task):
+        last = min(first + per_task, n_files)
+        lo, hi = first * spf, min(last * spf, total)
+        while groups[j][2] + groups[j][3] <= lo:
+            j += 1
+        pieces, k = [], j
+        while k < len(groups) and groups[k][2] < hi:
+            pieces.append(groups[k][:3])
+            k += 1
+        parts.append(_NormPart(len(parts), first, last, lo, hi, tuple(pieces)))
+    out_dir = Path(out_dir)               # named in the lists as given, as the single-process path
+    out_abs = out_dir.absolute()
+    options = dict(spf=spf, slots=slots, slot_cols=slot_cols, dense=dense, prefix=prefix,
+                   error_check=bool(error_check), key_type=key_type)
+    with resolve_client(client) as c:
+        link = _dashboard(c)
+        if progress and link:
+            print(f"Dask dashboard: {link}", flush=True)
+        run = uuid.uuid4().hex[:8]
+        tmp = out_abs.parent / f".{out_abs.name}.tmp-{run}"
+        (tmp / "_work").mkdir(parents=True)
+        futures = []
+        try:
+            chunks_of, weights = {}, {}
+
+            def submit(fn, *args, key):
+                f = c.submit(fn, *args, key=f"{key}-{run}", pure=False)
+                futures.append(f)
+                return f
+
+            convert = []
+            for part in parts:
+                f = submit(_norm_task, part, options, str(tmp), key=f"norm-part-{part.index}")
+                chunks_of[f.key], weights[f.key] = part, part.hi - part.lo
+                convert.append(f)
+            data_files = [f"{prefix}_{i}.data" for i in range(n_files)]
+            list_groups = _norm._list_groups(n_files, files_per_list)
+            keysets = []
+            for k, g in enumerate(list_groups):
+                # The conversion tasks holding the group's data files, and which of theirs.
+                tasks = sorted({i // per_task for i in g})
+                stem = _norm._list_stem(k, files_per_list)
+                f = submit(_keyset_task, str(tmp), f"{stem}.keyset", key_type, g, per_task,
+                           tasks, *[convert[t] for t in tasks], key=f"norm-keyset-{k}")
+                chunks_of[f.key] = _NormPart(
+                    k, g[0] if g else 0, g[-1] + 1 if g else 0, g[0] * spf if g else 0,
+                    min((g[-1] + 1) * spf, total) if g else 0, (), f"the keyset of {stem}: files")
+                keysets.append(f)
+            with tqdm(total=total, unit="rows", desc="parquet -> Norm (Dask)",
+                      disable=not progress, leave=False) as b:
+                _gather(c, convert, chunks_of, b, weights, fetch=False)
+            _gather(c, keysets, chunks_of)
+            futures.clear()
+            lists = []
+            for k, g in enumerate(list_groups):
+                stem = _norm._list_stem(k, files_per_list)
+                write_file_list(tmp / f"{stem}.txt", [out_dir / data_files[i] for i in g])
+                lists.append(out_dir / f"{stem}.txt")
+            (tmp / "norm_meta.json").write_text(_norm._norm_meta(
+                slots, dense, key_type, error_check, samples_per_file, data_files))
+            (tmp / "_work").rmdir()
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            from fsspec.implementations.local import LocalFileSystem
+            _remove(LocalFileSystem(), str(tmp))
+            raise
+        finally:
+            futures.clear()
+        _swap_into_place(None, str(tmp), str(out_abs), True)
+    return lists
+
+
+def _write_new(tmp, name, arrays):
+    """Write `arrays` to tmp/name through a unique name in tmp/_work, then rename. Never
+    creates a folder: once a failed run removed `tmp`, a task still running writes nothing."""
+    work = os.path.join(tmp, "_work", f"{uuid.uuid4().hex}.part")
+    with open(work, "xb") as f:
+        for a in arrays:
+            f.write(a.tobytes())
+    os.replace(work, os.path.join(tmp, name))
+
+
+def _norm_task(part, options, tmp):
+    """Write the data files [part.first, part.last); return the unique keys of each."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from ..formats import norm as _norm
+    spf = options["spf"]
+    cols = [layout.LABEL] + options["dense"] + options["slot_cols"]
+    keysets, index, pending = [], part.first, None
+    open_files = {}
+
+    def emit(table):
+        nonlocal index
+        label, den, sl = _norm._norm_arrays(table, options["slots"], options["dense"],
+                                            options["slot_cols"])
+        header, body = _norm._norm_bytes(label, den, sl, error_check=options["error_check"],
+                                         key_type=options["key_type"])
+        _write_new(tmp, f"{options['prefix']}_{index}.data", (header, body))
+        keysets.append(_norm._unique_keys(sl))
+        index += 1
+
+    for path, g, first_row in part.pieces:
+        pf = open_files.get(path) or open_files.setdefault(path, pq.ParquetFile(path))
+        t = pf.read_row_group(g, columns=cols)
+        a, b = max(part.lo - first_row, 0), min(part.hi - first_row, len(t))
+        t = t.slice(a, b - a)
+        pending = t if pending is None else pa.concat_tables([pending, t])
+        while len(pending) >= spf:
+            emit(pending.slice(0, spf))
+            pending = pending.slice(spf)
+    if pending is not None and len(pending):
+        emit(pending)
+    if index != part.last:
+        raise RuntimeError(f"{part.describe()}: wrote {index - part.first} data files, expected "
+                           f"{part.last - part.first}: the parquet input changed during the run")
+    return keysets
+
+
+def _keyset_task(tmp, name, key_type, group, per_task, tasks, *results):
+    """Write one file list's keyset from the unique keys of its data files."""
+    from ..formats import norm as _norm
+    of = dict(zip(tasks, results))
+    keys = _norm._group_keys([of[i // per_task][i % per_task] for i in group])
+    _write_new(tmp, name, (_norm._keyset_bytes(keys, key_type),))

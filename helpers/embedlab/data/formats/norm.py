@@ -106,6 +106,16 @@ def write_norm(path, label, dense, slots, *, error_check: bool = True,
         >>> p.stat().st_size                  # framed header 69 + 2 framed records of 16 + 5 bytes
         111
     """
+    header, body = _norm_bytes(label, dense, slots, error_check=error_check, key_type=key_type)
+    with atomic_file(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(body.tobytes())
+    return Path(path)
+
+
+def _norm_bytes(label, dense, slots, *, error_check, key_type):
+    """The bytes of one Norm file (see `write_norm`): (header, body) as uint8 arrays."""
     if key_type not in _KEY_DTYPES:
         raise ValueError(f"write_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
     kdt = _KEY_DTYPES[key_type]
@@ -153,11 +163,7 @@ def write_norm(path, label, dense, slots, *, error_check: bool = True,
         body = _frame(payload, rec_start[:-1] * 4, words_per * 4)
     else:
         body = payload
-    with atomic_file(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(body.tobytes())
-    return Path(path)
+    return header, body
 
 
 @dataclass
@@ -324,13 +330,19 @@ def _read_norm_walk(path, raw, check, n, label_dim, dense_dim, slot_num, pos, kd
 
 def write_keyset(path, keys, *, key_type: str = "uint32") -> Path:
     """Write a keyset file: the unique keys, raw little-endian `key_type`, sorted (atomic)."""
+    data = _keyset_bytes(keys, key_type)
+    with atomic_file(path) as tmp:
+        data.tofile(tmp)
+    return Path(path)
+
+
+def _keyset_bytes(keys, key_type):
+    """The contents of a keyset file (see `write_keyset`) as an array of `key_type`."""
     kdt = _KEY_DTYPES[key_type]
     keys = np.unique(np.asarray(keys))
     if len(keys) and (keys.min() < 0 or keys.max() > np.iinfo(kdt).max):
         raise ValueError(f"write_keyset: keys outside {key_type}")
-    with atomic_file(path) as tmp:
-        keys.astype(kdt).tofile(tmp)
-    return Path(path)
+    return keys.astype(kdt)
 
 
 def read_keyset(path, *, key_type: str = "uint32") -> np.ndarray:
@@ -385,40 +397,18 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
     import pyarrow.parquet as pq
     from .._progress import tqdm
     files = parquet_files(src)
-    cols = schema_columns(pq.read_schema(files[0]))
-    slots = ([list(c) if isinstance(c, (list, tuple)) else c for c in slots] if slots is not None
-             else cols["sparse"] + cols["ragged"])
-    for c in slots:
-        if isinstance(c, list) and not c:
-            raise ValueError("parquet_to_norm: a multi-hot slot must list at least one column")
-    slot_cols = list(dict.fromkeys(x for c in slots for x in (c if isinstance(c, list) else [c])))
-    dense = list(dense) if dense is not None else cols["dense"]
-    if cols["label"] is None:
-        raise ValueError(f"parquet_to_norm: {files[0]} has no '{LABEL}' column")
+    slots, slot_cols, dense = _norm_columns(files[0], slots, dense)
     out_dir = Path(out_dir)
     lists = []
     with atomic_dir(out_dir) as tmp:
         data_files, keysets = [], []
 
         def emit(table):
-            d = {c: table.column(c).combine_chunks() for c in [LABEL] + dense + slot_cols}
-
-            def column(c):
-                a = d[c]
-                if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
-                    return (np.asarray(a.offsets, np.int64), np.asarray(a.flatten()))
-                return a.to_numpy()
-
-            sl = [column(c) if not isinstance(c, list) else _merge_slot([column(x) for x in c], len(table))
-                  for c in slots]
-            den = (np.stack([d[c].to_numpy() for c in dense], axis=1) if dense
-                   else np.zeros((len(table), 0), np.float32))
+            label, den, sl = _norm_arrays(table, slots, dense, slot_cols)
             name = f"{prefix}_{len(data_files)}.data"
-            write_norm(tmp / name, d[LABEL].to_numpy(), den, sl, error_check=error_check,
-                       key_type=key_type)
+            write_norm(tmp / name, label, den, sl, error_check=error_check, key_type=key_type)
             data_files.append(name)
-            keysets.append(np.unique(np.concatenate(
-                [s[1] if isinstance(s, tuple) else s for s in sl])) if sl else np.empty(0))
+            keysets.append(_unique_keys(sl))
 
         pending = None
         with tqdm(total=sum(pq.ParquetFile(f).metadata.num_rows for f in files), unit="rows",
@@ -435,20 +425,80 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
                     bar.update(len(batch))
             if pending is not None and len(pending):
                 emit(pending)
-        groups = ([list(range(len(data_files)))] if not files_per_list else
-                  [list(range(i, min(i + files_per_list, len(data_files))))
-                   for i in range(0, len(data_files), files_per_list)])
-        for k, g in enumerate(groups):
-            stem = "file_list" if not files_per_list else f"file_list.{k}"
+        for k, g in enumerate(_list_groups(len(data_files), files_per_list)):
+            stem = _list_stem(k, files_per_list)
             write_file_list(tmp / f"{stem}.txt", [out_dir / data_files[i] for i in g])
-            ks = np.unique(np.concatenate([keysets[i] for i in g])) if g else np.empty(0)
-            write_keyset(tmp / f"{stem}.keyset", ks.astype(np.int64), key_type=key_type)
+            write_keyset(tmp / f"{stem}.keyset", _group_keys([keysets[i] for i in g]),
+                         key_type=key_type)
             lists.append(out_dir / f"{stem}.txt")
-        (tmp / "norm_meta.json").write_text(json.dumps(
-            {"slots": slots, "dense": dense, "label": LABEL, "key_type": key_type,
-             "error_check": bool(error_check), "samples_per_file": samples_per_file,
-             "files": data_files}, indent=1))
+        (tmp / "norm_meta.json").write_text(_norm_meta(slots, dense, key_type, error_check,
+                                                       samples_per_file, data_files))
     return lists
+
+
+# Pieces of parquet_to_norm, shared with the per-part conversion on a Dask cluster
+# (criteo.etl_dask.parquet_to_norm), so that both write the same bytes.
+
+def _norm_columns(first_file, slots, dense):
+    """(slots, slot_cols, dense) of a conversion: the defaults read from `first_file`'s schema."""
+    import pyarrow.parquet as pq
+    cols = schema_columns(pq.read_schema(first_file))
+    slots = ([list(c) if isinstance(c, (list, tuple)) else c for c in slots] if slots is not None
+             else cols["sparse"] + cols["ragged"])
+    for c in slots:
+        if isinstance(c, list) and not c:
+            raise ValueError("parquet_to_norm: a multi-hot slot must list at least one column")
+    slot_cols = list(dict.fromkeys(x for c in slots for x in (c if isinstance(c, list) else [c])))
+    dense = list(dense) if dense is not None else cols["dense"]
+    if cols["label"] is None:
+        raise ValueError(f"parquet_to_norm: {first_file} has no '{LABEL}' column")
+    return slots, slot_cols, dense
+
+
+def _norm_arrays(table, slots, dense, slot_cols):
+    """(label, dense, slots) of one Norm file's records, as `write_norm` takes them."""
+    import pyarrow as pa
+    d = {c: table.column(c).combine_chunks() for c in [LABEL] + dense + slot_cols}
+
+    def column(c):
+        a = d[c]
+        if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
+            return (np.asarray(a.offsets, np.int64), np.asarray(a.flatten()))
+        return a.to_numpy()
+
+    sl = [column(c) if not isinstance(c, list) else _merge_slot([column(x) for x in c], len(table))
+          for c in slots]
+    den = (np.stack([d[c].to_numpy() for c in dense], axis=1) if dense
+           else np.zeros((len(table), 0), np.float32))
+    return d[LABEL].to_numpy(), den, sl
+
+
+def _unique_keys(sl):
+    """The unique keys of one Norm file's slots."""
+    return (np.unique(np.concatenate([s[1] if isinstance(s, tuple) else s for s in sl]))
+            if sl else np.empty(0))
+
+
+def _list_groups(n_files, files_per_list):
+    """The data files (indices) of each file list."""
+    return ([list(range(n_files))] if not files_per_list else
+            [list(range(i, min(i + files_per_list, n_files)))
+             for i in range(0, n_files, files_per_list)])
+
+
+def _list_stem(k, files_per_list):
+    return "file_list" if not files_per_list else f"file_list.{k}"
+
+
+def _group_keys(keysets):
+    """The keys of one file list's keyset, from its files' unique keys."""
+    return (np.unique(np.concatenate(keysets)) if keysets else np.empty(0)).astype(np.int64)
+
+
+def _norm_meta(slots, dense, key_type, error_check, samples_per_file, data_files):
+    return json.dumps({"slots": slots, "dense": dense, "label": LABEL, "key_type": key_type,
+                       "error_check": bool(error_check), "samples_per_file": samples_per_file,
+                       "files": data_files}, indent=1)
 
 
 def _merge_slot(parts, n):
