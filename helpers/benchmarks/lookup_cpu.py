@@ -135,12 +135,14 @@ class _Cycle:
 
 
 def _block(res):
-    # tf.function returns eagerly materialized tensors on CPU; touching one small value makes
-    # sure the work is done (no async executor hides time).
+    # Waits until the first result tensor is computed (no async executor hides time), without
+    # copying it: `memoryview` of a CPU tensor is a view, where `.numpy()` would copy the whole
+    # tensor into a fresh NumPy array (at dim 128 a 2 MiB copy per call, which the eager cases
+    # used to pay and the in-graph ones, returning a scalar, did not).
     import tensorflow as tf
     flat = tf.nest.flatten(res)
     if flat and isinstance(flat[0], tf.Tensor):  # the peers' cases (torch, NumPy) return None: synchronous
-        flat[0].numpy()
+        memoryview(flat[0])
 
 
 def _available_bytes():
@@ -555,10 +557,22 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
             ring.next()
             return ops.fused_embedding_lookup(tables, rg[ring.i % K], "sum")
 
+        # The same op called eagerly on inputs taken apart once, outside the timing: what
+        # TensorFlow's eager dispatch of one op with 3 x 26 inputs costs, without EmbedLab's
+        # Python wrapper (argument checks, conversions, the tape's notification).
+        lib = native.tf_ops()
+        raw_in = [([x.row_splits for x in b], [x.values for x in b]) for b in rg]
+
+        def eager_op(_, ring=Ring()):
+            ring.next()
+            splits, keys = raw_in[ring.i % K]
+            return lib.embed_lab_fused_resource_lookup([v.handle for v in tables], splits, keys, [],
+                                                       combiners=comb)
+
         got = ops.fused_embedding_lookup(tables, rg[0], "sum")
         same_bits_tf = all(g.numpy().tobytes() == x.tobytes() for g, x in zip(got, outs))
         cases.update({"peer_fwd_graph_ms": (graph(fwd), 0), "peer_step_graph_ms": (graph(step), 0),
-                      "peer_fwd_eager_ms": (eager_fwd, None)})
+                      "peer_fwd_eager_ms": (eager_fwd, None), "peer_fwd_eager_op_ms": (eager_op, None)})
     else:
         print(f"[dim {dim}] peers: no TensorFlow copy of the tables (needs ~{need / 2**30:.1f} GiB, "
               f"{avail / 2**30:.1f} GiB available)", flush=True)
@@ -582,6 +596,9 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
         res["peer_core_over_graph_fwd"] = med["peer_fwd_core_ms"] / med["peer_fwd_graph_ms"]
         res["peer_core_over_graph_step"] = med["peer_step_core_ms"] / med["peer_step_graph_ms"]
         res["peer_eager_overhead_ms"] = med["peer_fwd_eager_ms"] - med["peer_fwd_graph_ms"]
+        # split: TensorFlow's eager dispatch of the op, then EmbedLab's Python wrapper around it
+        res["peer_eager_dispatch_ms"] = med["peer_fwd_eager_op_ms"] - med["peer_fwd_graph_ms"]
+        res["peer_eager_wrapper_ms"] = med["peer_fwd_eager_ms"] - med["peer_fwd_eager_op_ms"]
         del tables
     res["peer_load_average_after"] = os.getloadavg()[0]
     del bags, t_opt, arrays
@@ -697,7 +714,7 @@ def main():
         print("Peers, the same tables (one buffer each, read by every side), interleaved, ms per batch (median): "
               "forward torch EmbeddingBag | EmbedLab core from NumPy | EmbedLab in graph | ratios torch/core, "
               "torch/graph || step (fwd + bwd + SGD) the same || core / graph (fwd, step) | eager forward "
-              "overhead (eager - in graph) | pages (huge KiB / table KiB)")
+              "overhead (eager - in graph; split: the op dispatched eagerly - in graph, the wrapper around it) | pages (huge KiB / table KiB)")
         for r in peer_results:
             g = lambda k, f="7.2f": format(r[k], f) if k in r else "   -   "  # noqa: E731
             print(f"{r['peer_dim']:>4} | {r['peer_fwd_torch_ms']:7.2f} | {r['peer_fwd_core_ms']:7.2f} | "
@@ -705,7 +722,8 @@ def main():
                   f"{r['peer_step_torch_ms']:7.2f} | {r['peer_step_core_ms']:7.2f} | {g('peer_step_graph_ms')} | "
                   f"{r['peer_step_ratio_core']:5.2f}x / {g('peer_step_ratio_graph', '5.2f')}x || "
                   f"{g('peer_core_over_graph_fwd', '5.2f')} , {g('peer_core_over_graph_step', '5.2f')} | "
-                  f"{g('peer_eager_overhead_ms', '6.3f')} | {r['peer_table_huge_kib']} / {r['peer_table_kib']}"
+                  f"{g('peer_eager_overhead_ms', '6.3f')} (dispatch {g('peer_eager_dispatch_ms', '6.3f')}, "
+                  f"wrapper {g('peer_eager_wrapper_ms', '6.3f')}) | {r['peer_table_huge_kib']} / {r['peer_table_kib']}"
                   f"  (forward bits equal torch/core: {r['peer_fwd_bits_equal_torch_core']}; core forward into fresh "
                   f"arrays {r['peer_fwd_core_fresh_ms']:.2f} ms; page faults per forward: "
                   f"{r['peer_fwd_page_faults_per_call']})")

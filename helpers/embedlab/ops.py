@@ -17,6 +17,8 @@ import functools
 from typing import Sequence
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
+from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.ops import resource_variable_ops
 
@@ -46,16 +48,24 @@ def _as_variable(table):
     return None
 
 
+def _is(dtype, expected) -> bool:
+    """dtype == expected, answered by identity first: TensorFlow hands out one DType object per
+    type, and DType.__eq__ (Python) costs about 1 us, which an eager call of 26 tables paid a
+    hundred times (helpers/benchmarks/RESULTS.md, eager call overhead)."""
+    return dtype is expected or dtype == expected
+
+
 def _check_keys_dtype(keys: tf.Tensor, where: str) -> tf.Tensor:
-    if keys.dtype == tf.int64:
+    dtype = keys.dtype
+    if _is(dtype, tf.int64):
         return keys
-    if keys.dtype == tf.int32:  # lossless; everything inside is int64
+    if _is(dtype, tf.int32):  # lossless; everything inside is int64
         return tf.cast(keys, tf.int64)
-    raise ValueError(f"{where}: ids must be int64 (or int32) keys, got {keys.dtype.name}")
+    raise ValueError(f"{where}: ids must be int64 (or int32) keys, got {dtype.name}")
 
 
 def _check_weights_dtype(w: tf.Tensor, where: str) -> tf.Tensor:
-    if w.dtype != tf.float32:
+    if not _is(w.dtype, tf.float32):
         raise ValueError(f"{where}: weights must be float32, got {w.dtype.name}")
     return w
 
@@ -87,7 +97,7 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
                              f"got ragged_rank {ids.ragged_rank}")
         keys = _check_keys_dtype(ids.values, where)
         splits = ids.row_splits
-        if splits.dtype != tf.int64:
+        if not _is(splits.dtype, tf.int64):
             splits = tf.cast(splits, tf.int64)
         w = None
         if weights is not None:
@@ -232,7 +242,7 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
                 raise ValueError(f"{where}: with an optimizer, every table must be a variable")
         if all(v is not None for v in variables):
             for v in variables:
-                if v.dtype != tf.float32:
+                if not _is(v.dtype, tf.float32):
                     raise ValueError(f"{where}: tables must be float32, got {v.dtype.name}")
             forward = _resource_forward(variables, ids, weights, combiners, where)
             if optimizer is not None:
@@ -243,7 +253,7 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
         tensors = []
         for t, table in enumerate(tables):
             table = tf.convert_to_tensor(table)
-            if table.dtype != tf.float32:
+            if not _is(table.dtype, tf.float32):
                 raise ValueError(f"{where}: tables[{t}] must be float32, got {table.dtype.name}")
             if table.shape.rank not in (None, 2):
                 raise ValueError(f"{where}: tables[{t}] must be [rows, dim], got shape {table.shape}")
@@ -258,10 +268,29 @@ def _watch(variables):
     Eagerly, one batched notification instead of a graph check per variable: part of keeping an
     eager call's own cost small (helpers/benchmarks/RESULTS.md, lookup_cpu peers)."""
     if tf.executing_eagerly():
-        tape_lib.variables_accessed(variables)
+        _variables_accessed(variables)
         return
     for v in variables:
         resource_variable_ops.variable_accessed(v)
+
+
+def _variables_accessed(variables):
+    """tape.variables_accessed(variables), with the distribution strategy looked up once for all
+    the variables instead of once per variable (TensorFlow's resolver,
+    distribute_lib.get_local_results_or_value_container, looks it up on every call: 26 of them
+    were a third of this function's time). Where another resolver is installed, TensorFlow's
+    own function runs."""
+    if tape_lib._variables_override is not distribute_lib.get_local_results_or_value_container:
+        tape_lib.variables_accessed(variables)
+        return
+    strategy, context = distribute_lib.get_strategy_and_replica_context()
+    for v in variables:
+        if not v.trainable:
+            continue
+        resolved = [strategy.extended.value_container(v)] if context else strategy.experimental_local_results(v)
+        for var in resolved:
+            pywrap_tfe.TFE_Py_TapeVariableAccessed(var)
+            pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed(var)
 
 
 @functools.lru_cache(maxsize=None)

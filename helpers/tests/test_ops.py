@@ -357,6 +357,60 @@ def test_gradient_is_deterministic(rng):
     assert all(np.array_equal(res[0], r) for r in res[1:])
 
 
+# ---- eager calls: the wrapper's own bookkeeping -------------------------------------------------
+
+def test_eager_call_notifies_tapes_and_watchers_of_trainable_tables_only(rng):
+    # An eager lookup tells every tape and variable watcher about its trainable tables, as a
+    # read of them would, and about no other (ops._variables_accessed).
+    from tensorflow.python.eager import record
+    ids = ref.random_ids(rng, 12, 8).ragged(tf)
+    a = tf.Variable(_table(rng, 8, 3))
+    b = tf.Variable(_table(rng, 8, 3), trainable=False)
+    with record.VariableWatcher() as watcher, tf.GradientTape() as tape:
+        ya, yb = ops.fused_embedding_lookup([a, b], [ids, ids], "sum")
+        loss = tf.reduce_sum(ya) + tf.reduce_sum(yb)
+    assert [v is a for v in tape.watched_variables()] == [True]
+    assert [v is a for v in watcher.watched_variables()] == [True]
+    ga, gb = tape.gradient(loss, [a, b])
+    assert isinstance(ga, tf.IndexedSlices) and gb is None
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_eager_call_under_a_strategy_gives_the_tables_gradient(rng, strategy):
+    # Inside strategy.run the tape must watch what the strategy resolves the table to (a
+    # MirroredVariable's value container), or the gradient comes back None.
+    strategy = (tf.distribute.OneDeviceStrategy("/cpu:0") if strategy == "one_device"
+                else tf.distribute.MirroredStrategy(["/cpu:0"]))
+    rows, dim = 20, 4
+    with strategy.scope():
+        table = tf.Variable(_table(rng, rows, dim))
+    ids = ref.random_ids(rng, 15, rows)
+    dy = rng.standard_normal((ids.batch, dim)).astype(np.float32)
+
+    def step():
+        assert tf.executing_eagerly()
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ops.embedding_lookup(table, ids.ragged(tf)) * dy)
+        return tape.gradient(loss, table)
+
+    g = strategy.run(step)
+    assert isinstance(g, tf.IndexedSlices)
+    idx = g.indices.numpy()
+    assert idx.tolist() == np.unique(ids.keys[ids.keys >= 0]).tolist()
+    want = ref.np_lookup_grad(dy, ids.splits, ids.keys, rows)
+    np.testing.assert_allclose(g.values.numpy(), want[idx], rtol=1e-5, atol=1e-5)
+
+
+def test_int32_ragged_ids_and_splits_give_the_int64_bits(rng):
+    table = tf.Variable(_table(rng, 30, 5))
+    ids = ref.random_ids(rng, 20, 30)
+    x64 = ids.ragged(tf)
+    x32 = tf.RaggedTensor.from_row_splits(tf.cast(x64.values, tf.int32), tf.cast(x64.row_splits, tf.int32))
+    assert x32.values.dtype == tf.int32 and x32.row_splits.dtype == tf.int32
+    for t in (table, tf.convert_to_tensor(table)):
+        np.testing.assert_array_equal(ops.embedding_lookup(t, x32).numpy(), ops.embedding_lookup(t, x64).numpy())
+
+
 # ---- graph mode, Keras, SavedModel -----------------------------------------------------------
 
 def test_tf_function_varying_batch(rng):
