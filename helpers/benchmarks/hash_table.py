@@ -51,6 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedlab._io import atomic_file
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import _results  # noqa: E402
@@ -328,10 +330,8 @@ def main():
     out = {"command": " ".join([Path(sys.executable).name] + sys.argv), "machine": machine,
            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()},
            "results": rows, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, out_path)
+    with atomic_file(out_path) as tmp:
+        tmp.write_text(json.dumps(out, indent=1))
     print(f"wrote {out_path}")
 
 

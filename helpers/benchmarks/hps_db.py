@@ -43,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
+from embedlab._io import atomic_file
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from _results import cpu_machine, cpu_name, default_out  # noqa: E402
@@ -267,12 +269,10 @@ def main():
               f"{r['redis_tier_vs_redis_benchmark']:6.2f} {r['redis_get_loop_keys_s'] / 1e6:9.3f} "
               f"{r['redis_tier_vs_get_loop']:7.1f} {r['rocksdb_tier_keys_s'] / 1e6:9.3f}")
     out_path = a.out or default_out("hps_db", cpu_machine())
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"command": " ".join([Path(sys.executable).name] + sys.argv), "machine": machine, "results": rows,
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tmp = out_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, out_path)
+    with atomic_file(out_path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1))
     print(f"wrote {out_path}")
 
 
