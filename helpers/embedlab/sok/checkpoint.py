@@ -25,6 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from .._io import atomic_dir
+from ..plugin.placement import distributed_owner
 from . import _context, exchange
 from .variable import is_sok_variable
 
@@ -95,11 +96,12 @@ def _local_rows_of(var, keys, where):
     if bad.any():
         raise ValueError(f"{where}: key {int(keys[bad][0])} is outside table '{var.table_name}' of {rows} rows")
     if var.kind == "distributed":
-        foreign = keys % n != r
+        owner, local = distributed_owner(keys, n)
+        foreign = owner != r
         if foreign.any():
             raise ValueError(f"{where}: key {int(keys[foreign][0])} of table '{var.table_name}' lives on rank "
-                             f"{int(keys[foreign][0] % n)}, not on this rank {r}")
-        return keys // n
+                             f"{int(owner[foreign][0])}, not on this rank {r}")
+        return local
     if r != var.target_rank:
         raise ValueError(f"{where}: table '{var.table_name}' lives on rank {var.target_rank}, not on this rank {r}")
     return keys
@@ -245,5 +247,5 @@ def load(path, vars, optimizer=None):
 
 def _mine(v, keys):
     if v.kind == "distributed":
-        return keys % v.num_workers == v.rank
+        return distributed_owner(keys, v.num_workers)[0] == v.rank
     return np.full(keys.shape, v.rank == v.target_rank)

@@ -37,6 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from ..plugin.placement import distributed_owner
 from . import _context
 from .lookup import all2all_dense_embedding, lookup_sparse
 from .optimizer import OptimizerWrapper, local_variable_scope
@@ -291,11 +292,12 @@ class Saver:
         keys = np.arange(vals.shape[0], dtype=np.int64) if keys is None else np.asarray(keys, np.int64)
         v = embedding_variable
         n, r = v.num_workers, v.rank
-        mine = (keys % n) == r
+        owner, local = distributed_owner(keys, n)
+        mine = owner == r
         if getattr(v, "is_dynamic_index", False):
             v.hash_index.assign(v, keys[mine], vals[mine])
             return
-        rows = keys[mine] // n
+        rows = local[mine]
         if rows.size and rows.max() >= v.shape[0]:
             raise ValueError(f"Saver: key {int(keys[mine][rows.argmax()])} does not fit a table of "
                              f"{v.shape[0]} rows per worker")

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
+from ..plugin.placement import distributed_owner, shard_keys
 from . import _context
 
 __all__ = ["Variable", "parse_mode", "is_sok_variable"]
@@ -39,8 +40,14 @@ def parse_mode(mode: str, world: int) -> tuple[str, int]:
 
 
 def shard_rows(global_rows: int, rank: int, world: int) -> int:
-    """Rows of worker `rank`'s shard of a distributed table (row i lives on rank i % world)."""
-    return max(0, (global_rows - rank + world - 1) // world)
+    """Rows of worker `rank`'s shard of a distributed table (row i lives on rank i % world): the
+    size of `plugin.placement.shard_keys(global_rows, world, "distributed")[rank]`, without building it.
+
+    Rows 0..global_rows-1 fill the ranks in whole rounds of `world` rows; row `global_rows` would
+    be local row `rounds` of rank `next_owner`, so the ranks before that one hold one row more.
+    """
+    next_owner, rounds = distributed_owner(int(global_rows), int(world))
+    return max(0, rounds + (1 if rank < next_owner else 0))
 
 
 def _unique_name(name):
@@ -105,7 +112,7 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
                 raise ValueError(f"embedlab.sok.Variable {name!r}: the table must be [rows, dim], got shape {full.shape}")
             global_shape = [int(full.shape[0]), int(full.shape[1])]
             if kind == "distributed":
-                part = full[ctx.rank::ctx.world_size]
+                part = full[shard_keys(global_shape[0], ctx.world_size, "distributed")[ctx.rank]]
             else:
                 part = full if ctx.rank == target else full[:0]
             part = np.ascontiguousarray(part).astype(dtype.as_numpy_dtype)
@@ -140,14 +147,13 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
     def key_map(self, indices):
         """This shard's row of each global row id it owns (SOK's key_map): id // n for a
         distributed table, the id itself for a localized one."""
-        return indices // self.num_workers if self.kind == "distributed" else indices
+        return distributed_owner(indices, self.num_workers)[1] if self.kind == "distributed" else indices
 
     def global_rows_of_shard(self) -> np.ndarray:
         """The global row ids of this shard's rows, in order."""
-        rows = self.shape[0]
         if self.kind == "distributed":
-            return np.arange(rows, dtype=np.int64) * self.num_workers + self.rank
-        return np.arange(rows, dtype=np.int64)
+            return shard_keys(self.global_shape[0], self.num_workers, "distributed")[self.rank]
+        return np.arange(self.shape[0], dtype=np.int64)
 
     def __repr__(self):
         return (f"<embedlab.sok.Variable '{self.table_name}' mode={self.mode} rank={self.rank}/{self.num_workers} "

@@ -144,3 +144,18 @@ def test_first_generation_layers_and_saver(tmp_path):
     dense.embedding_variable.assign(np.zeros((16, 2), np.float32))
     sok.Saver().restore_from_file(dense.embedding_variable, str(tmp_path))
     np.testing.assert_allclose(dense(keys).numpy(), before)
+
+
+def test_shard_layout_is_the_plugins_placement():
+    """SOK's distributed shards follow embedlab.plugin.placement (key % n, row key // n): the
+    shard sizes and global row ids of every rank are shard_keys', and key_map is its local row."""
+    from embedlab.plugin import placement
+    from embedlab.sok.variable import shard_rows
+    for world in range(1, 6):
+        for rows in range(0, 23):
+            plan = placement.shard_keys(rows, world, "distributed")
+            for rank in range(world):
+                assert shard_rows(rows, rank, world) == len(plan[rank]) == len(range(rank, rows, world))
+    v = sok.Variable(np.arange(17 * 3).reshape(17, 3), dtype=tf.float32)     # one worker
+    assert v.global_rows_of_shard().tolist() == list(range(17))
+    assert v.key_map(tf.constant([0, 5, 16], tf.int64)).numpy().tolist() == [0, 5, 16]
