@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -174,55 +172,36 @@ def big_input(tmp_path_factory, run_seed):
     txt = criteo.generate(d / "day.txt", rows=60_000, seed=run_seed + 1, progress=False)
     return txt, d
 
-def _kill_during_pass2(client, run, tmp_path):
-    """Run `run()` in a thread; SIGKILL the process of a worker while it runs a pass-2 task."""
-    pids = client.run(os.getpid)
-    out = {}
-
-    def target():
-        try:
-            out["res"] = run()
-        except BaseException as e:                         # noqa: BLE001 - reported below
-            out["err"] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    killed = None
-    deadline = time.monotonic() + 120
-    while t.is_alive() and killed is None and time.monotonic() < deadline:
-        for addr, keys in client.processing().items():
-            if any(str(k).startswith("etl-pass2") for k in keys):
-                os.kill(pids[addr], signal.SIGKILL)
-                killed = pids[addr]
-                break
-        time.sleep(0.005)
-    t.join(300)
-    assert killed is not None, "the run ended before a pass-2 task could be caught running"
-    return out, killed
-
-
-def test_killed_worker_is_retried_with_identical_output(big_input, tmp_path):
+@pytest.fixture(scope="module")
+def big_ref(big_input):
+    """The single-process output of `big_input`."""
     txt, d = big_input
-    ref = criteo.preprocess(txt, d / "single", **KW)
+    return criteo.preprocess(txt, d / "single", **KW)
+
+
+def test_killed_worker_is_retried_with_identical_output(big_input, big_ref, tmp_path,
+                                                        kill_worker_during):
+    txt, d = big_input
     with criteo_dask.local_client(2) as client:
-        out, killed = _kill_during_pass2(
+        out, killed = kill_worker_during(
             client, lambda: criteo.preprocess(txt, tmp_path / "out", chunk_bytes=4 << 20,
-                                              client=client, **KW), tmp_path)
+                                              client=client, **KW), "etl-pass2")
         assert "err" not in out, out.get("err")
         client.wait_for_workers(2, timeout=60)             # the nanny restarted it
         assert killed not in client.run(os.getpid).values()
-    assert_same_output(ref, out["res"])
+    assert_same_output(big_ref, out["res"])
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
-def test_killed_worker_without_retries_names_the_chunk_and_leaves_nothing(big_input, tmp_path):
+def test_killed_worker_without_retries_names_the_chunk_and_leaves_nothing(big_input, tmp_path,
+                                                                         kill_worker_during):
     import dask
     txt, d = big_input
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         with criteo_dask.local_client(2) as client:
-            out, _ = _kill_during_pass2(
+            out, _ = kill_worker_during(
                 client, lambda: criteo.preprocess(txt, tmp_path / "out", chunk_bytes=4 << 20,
-                                                  client=client, **KW), tmp_path)
+                                                  client=client, **KW), "etl-pass2")
     err = out.get("err")
     assert isinstance(err, criteo_dask.ChunkFailedError), out
     assert "chunk" in str(err) and "bytes" in str(err) and "nothing was written" in str(err)
@@ -287,6 +266,15 @@ def test_command_line_scheduler_and_workers(inputs, tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- Norm conversion
 
+def assert_same_files(a: Path, b: Path) -> list:
+    """Folders a and b hold the same file names with the same bytes; returns the names."""
+    names = sorted(p.name for p in a.iterdir())
+    assert sorted(p.name for p in b.iterdir()) == names
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    return names
+
+
 NORM_CASES = {
     # data files cut across row groups and parts, tasks across file lists
     "lists": dict(samples_per_file=700, files_per_list=4, files_per_task=3),
@@ -313,20 +301,37 @@ def test_parquet_to_norm_identical_to_single_process(inputs, local, case, tmp_pa
     monkeypatch.chdir(tmp_path / "single")
     want = formats.parquet_to_norm(parts, "norm", progress=False,
                                    **{k: v for k, v in kw.items() if k != "files_per_task"})
+    digest = criteo_dask.norm_digest(want)
     monkeypatch.chdir(tmp_path / "dask")
     got = criteo_dask.parquet_to_norm(parts, "norm", progress=False, client=client, **kw)
     assert got == want
+    assert criteo_dask.norm_digest(got) == digest
     a, b = tmp_path / "single" / "norm", tmp_path / "dask" / "norm"
-    names = sorted(p.name for p in a.iterdir())
-    assert sorted(p.name for p in b.iterdir()) == names
+    names = assert_same_files(a, b)
     assert sum(x.endswith(".data") for x in names) == -(-sum(ref.rows.values())
                                                         // kw["samples_per_file"])
     assert sum(x.endswith(".keyset") for x in names) == len(want) > 0
-    for name in names:
-        assert (a / name).read_bytes() == (b / name).read_bytes(), name
     assert formats.read_keyset(b / "file_list.keyset" if case == "multihot"
                                else b / "file_list.0.keyset", key_type=kw.get("key_type", "uint32")).size
     assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == ["norm"]   # no temporary
+
+
+def test_norm_digest_sees_one_changed_byte(inputs, tmp_path):
+    """Two conversions into two folders digest equal; one byte of a data file or of the keyset
+    changed and they do not."""
+    from embedlab.data import formats
+    d, paths, ref = inputs
+    a, b = (formats.parquet_to_norm(ref.files["val"], tmp_path / n, samples_per_file=300,
+                                    progress=False) for n in ("a", "b"))
+    assert criteo_dask.norm_digest(a) == criteo_dask.norm_digest(b)
+    for name in ("part_1.data", "file_list.keyset"):
+        f = tmp_path / "b" / name
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 1
+        f.write_bytes(bytes(data))
+        assert criteo_dask.norm_digest(a) != criteo_dask.norm_digest(b), name
+        data[len(data) // 2] ^= 1
+        f.write_bytes(bytes(data))
 
 
 def test_parquet_to_norm_failing_part_leaves_nothing(inputs, local, tmp_path):
@@ -343,3 +348,53 @@ def test_parquet_to_norm_failing_part_leaves_nothing(inputs, local, tmp_path):
                                     samples_per_file=1_000, files_per_task=2, progress=False,
                                     client=client)
     assert [p.name for p in tmp_path.iterdir()] == ["bad.parquet"]
+
+
+# 48,000 training rows: 48 data files in 12 tasks of 4, 5 file lists.
+NORM_KILL = dict(samples_per_file=1_000, files_per_list=10)
+
+
+def test_killed_worker_during_norm_is_retried_byte_identical(big_ref, tmp_path, monkeypatch,
+                                                             kill_worker_during):
+    """A worker killed while it converts a part: Dask reruns the part elsewhere and the files
+    are still the single-process conversion's, byte for byte."""
+    from embedlab.data import formats
+    parts = big_ref.files["train"]
+    for side in ("single", "dask"):
+        (tmp_path / side).mkdir()
+    monkeypatch.chdir(tmp_path / "single")
+    want = formats.parquet_to_norm(parts, "norm", progress=False, **NORM_KILL)
+    monkeypatch.chdir(tmp_path / "dask")
+    with criteo_dask.local_client(2) as client:
+        out, killed = kill_worker_during(
+            client, lambda: criteo_dask.parquet_to_norm(parts, "norm", progress=False,
+                                                        client=client, files_per_task=4,
+                                                        **NORM_KILL), "norm-part")
+        assert "err" not in out, out.get("err")
+        client.wait_for_workers(2, timeout=60)             # the nanny restarted it
+        assert killed not in client.run(os.getpid).values()
+    assert out["res"] == want
+    names = assert_same_files(tmp_path / "single" / "norm", tmp_path / "dask" / "norm")
+    assert sum(n.endswith(".data") for n in names) == 48
+    assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == ["norm"]   # no temporary
+
+
+def test_killed_worker_during_norm_without_retries_names_the_part(big_ref, tmp_path,
+                                                                  kill_worker_during):
+    """With retries off, the killed part fails the run: a ChunkFailedError names its data files
+    and rows, and neither the output folder nor its temporary is left."""
+    import dask
+    parts = big_ref.files["train"]
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+        with criteo_dask.local_client(2) as client:
+            out, _ = kill_worker_during(
+                client, lambda: criteo_dask.parquet_to_norm(
+                    parts, tmp_path / "norm", progress=False, client=client, files_per_task=4,
+                    **NORM_KILL), "norm-part")
+    err = out.get("err")
+    assert isinstance(err, criteo_dask.ChunkFailedError), out
+    import re
+    assert re.search(r"parquet_to_norm on Dask: Norm files \d+-\d+ \(rows [\d,]+-[\d,]+\) "
+                     r"failed", str(err)), str(err)
+    assert "nothing was written" in str(err)
+    assert not list(tmp_path.iterdir())                    # no output, no temporary folder

@@ -15,7 +15,9 @@ categories).
 - `parse`: `read_chunks`, `count_lines`, `CriteoFormatError` (malformed lines by file and line).
 - `etl`: `preprocess` (HugeCTR's recipe, to parquet), `split`, `split_counts`, `load_slot_sizes`.
 - `etl_dask`: the same `preprocess` on a Dask cluster (`preprocess(..., client=...)` lands there),
-  `local_client`, `output_digest`, `worker_peak_rss`. Dask is imported only when used.
+  `parquet_to_norm` (the HugeCTR Norm / keyset conversion per part on the cluster, byte for byte
+  `formats.parquet_to_norm`'s files), `local_client`, `output_digest`, `norm_digest`,
+  `worker_peak_rss`. Dask is imported only when used.
 
 Example:
     >>> import tempfile

@@ -45,12 +45,23 @@ group of data files, reading only the row groups it needs; one task per file lis
 keyset from the data files' unique keys). Its output folder is local or on a shared file system
 (HugeCTR's file lists name local paths).
 
-Example:
-    >>> from embedlab.data import criteo                                  # doctest: +SKIP
-    >>> from embedlab.data.criteo import etl_dask                         # doctest: +SKIP
-    >>> with etl_dask.local_client(n_workers=2) as client:                # doctest: +SKIP
-    ...     res = criteo.preprocess("day.txt", "day_parquet", client=client)
-    ...     lists = etl_dask.parquet_to_norm(res.files["train"], "day_norm", client=client)
+Example (a LocalCluster of one worker process on 127.0.0.1, a few seconds; on several
+machines `client` is a `Client` of a `dask scheduler`, see the README):
+    >>> from embedlab.data import criteo, formats
+    >>> from embedlab.data.criteo import etl_dask
+    >>> txt = criteo.generate("day.txt", rows=3_000, seed=1, progress=False)
+    >>> single = criteo.preprocess(txt, "single", progress=False)
+    >>> with etl_dask.local_client(n_workers=1) as client:
+    ...     res = criteo.preprocess(txt, "on_dask", chunk_bytes=200_000, client=client,
+    ...                             progress=False)
+    ...     lists = etl_dask.parquet_to_norm(res.files["train"], "norm_dask", client=client,
+    ...                                      samples_per_file=1_000, progress=False)
+    >>> etl_dask.output_digest(res) == etl_dask.output_digest(single)
+    True
+    >>> want = formats.parquet_to_norm(single.files["train"], "norm_single",
+    ...                                samples_per_file=1_000, progress=False)
+    >>> [p.name for p in lists], etl_dask.norm_digest(lists) == etl_dask.norm_digest(want)
+    (['file_list.txt'], True)
 """
 from __future__ import annotations
 
@@ -69,7 +80,7 @@ import numpy as np
 from . import etl, layout, parse
 
 __all__ = ["preprocess", "parquet_to_norm", "local_client", "resolve_client", "worker_peak_rss",
-           "output_digest", "ChunkFailedError", "SCHEDULER_ENV"]
+           "output_digest", "norm_digest", "ChunkFailedError", "SCHEDULER_ENV"]
 
 SCHEDULER_ENV = "EMBEDLAB_DASK_SCHEDULER"
 _MAX_ERRORS_KEPT = 100        # malformed lines kept per chunk for the report (all are counted)
@@ -101,7 +112,8 @@ class _Chunk:
 # --------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def local_client(n_workers: int | None = None, *, memory_limit="auto"):
+def local_client(n_workers: int | None = None, *, memory_limit="auto",
+                 cpu_threads: int | None = None):
     """A `LocalCluster` on 127.0.0.1 and a `Client` to it, both closed on exit.
 
     One worker process per core by default, one thread each (the ETL's NumPy / pyarrow work
@@ -113,14 +125,16 @@ def local_client(n_workers: int | None = None, *, memory_limit="auto"):
         n_workers: worker processes (default `os.cpu_count()`).
         memory_limit: per worker, as `LocalCluster` takes it ("auto": the machine's memory
             shared equally).
+        cpu_threads: threads of each worker's native thread pool (pyarrow's CSV parser; set
+            through OMP_NUM_THREADS). Default: the cores shared equally, `os.cpu_count() //
+            n_workers` (at least 1), so that one worker alone still uses every core. 1 gives
+            every worker the same single thread whatever their number (what a strong-scaling
+            measurement wants, `helpers/benchmarks/etl.py`).
 
     Returns:
         A context manager yielding the `distributed.Client`.
 
-    Example:
-        >>> with local_client(2) as client:                                 # doctest: +SKIP
-        ...     print(len(client.scheduler_info()["workers"]))
-        2
+    Example: the module's (a cluster of one worker).
     """
     from distributed import Client, LocalCluster
     n = int(n_workers) if n_workers is not None else (os.cpu_count() or 1)
@@ -132,7 +146,9 @@ def local_client(n_workers: int | None = None, *, memory_limit="auto"):
     # pyarrow temporary is a fresh mmap with fresh page faults: parsing a chunk took about 2.5x
     # longer in a worker than in a plain process (measured on the loaded 2-core VM). OMP_NUM_THREADS=1 also
     # caps pyarrow's thread pool (the CSV parser): each worker gets its share of the cores.
-    share = max(1, (os.cpu_count() or 1) // n)
+    share = max(1, (os.cpu_count() or 1) // n) if cpu_threads is None else int(cpu_threads)
+    if share < 1:
+        raise ValueError(f"local_client: cpu_threads must be >= 1, got {cpu_threads}")
     with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                host="127.0.0.1", dashboard_address="127.0.0.1:0",
@@ -197,10 +213,7 @@ def output_digest(result) -> dict:
     a SHA-1 over the values of every row in order (the parts read one at a time, in the order
     of `result.files`), so two runs compare without holding either in memory.
 
-    Example:
-        >>> a = criteo.preprocess("day.txt", "single")                      # doctest: +SKIP
-        >>> b = criteo.preprocess("day.txt", "on_dask", client="local")     # doctest: +SKIP
-        >>> assert output_digest(a) == output_digest(b)                     # doctest: +SKIP
+    Example: the module's (a single-process and a Dask run compared).
     """
     import hashlib
     import pyarrow.parquet as pq
@@ -218,6 +231,37 @@ def output_digest(result) -> dict:
         digest["splits"][split] = {"schema": schema,
                                    **{k: h.hexdigest() for k, h in hashes.items()}}
     return digest
+
+
+def norm_digest(lists) -> dict:
+    """A fingerprint of what `parquet_to_norm` wrote (this module's or `formats`'): equal
+    digests mean the same bytes.
+
+    Holds, per file list (in order), the names of its data files and a SHA-1 of each, of its
+    keyset, and of the folder's `norm_meta.json`. Only the folder the lists name is left out, so
+    conversions into two folders compare.
+
+    Example: the module's (the two conversions compared).
+    """
+    import hashlib
+    from pathlib import Path
+    from ..._io import read_file_list
+
+    def sha1(p):
+        h = hashlib.sha1()
+        with open(p, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        return h.hexdigest()
+
+    out, metas = [], set()
+    for lst in (lists if isinstance(lists, (list, tuple)) else [lists]):
+        lst = Path(lst)
+        files = read_file_list(lst)
+        out.append({"list": lst.name, "files": [f.name for f in files],
+                    "sha1": [sha1(f) for f in files], "keyset": sha1(lst.with_suffix(".keyset"))})
+        metas.add(sha1(lst.parent / "norm_meta.json"))
+    return {"lists": out, "norm_meta": sorted(metas)}
 
 
 def _peak_rss() -> int:
@@ -513,9 +557,9 @@ def _protocols(fs):
     return (p,) if isinstance(p, str) else tuple(p)
 
 
-def _gather(client, futs, chunks_of, bar=None, weights=None, fetch=True):
+def _gather(client, futs, chunks_of, bar=None, weights=None, fetch=True, job="preprocess"):
     """Results of `futs` in order (None each with fetch=False: the results stay on the
-    workers); a task that failed for good raises ChunkFailedError naming its chunk."""
+    workers); a task that failed for good raises ChunkFailedError naming `job` and its chunk."""
     from distributed import as_completed
     from distributed.scheduler import KilledWorker
     out = {}
@@ -527,7 +571,7 @@ def _gather(client, futs, chunks_of, bar=None, weights=None, fetch=True):
             chunk = chunks_of.get(fut.key)
             what = chunk.describe() if chunk is not None else f"task {fut.key}"
             raise ChunkFailedError(
-                f"preprocess on Dask: {what} failed: the workers running it died more often "
+                f"{job} on Dask: {what} failed: the workers running it died more often "
                 f"than distributed.scheduler.allowed-failures allows ({e}); nothing was "
                 f"written") from e
         if bar is not None:
@@ -847,8 +891,8 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
                 keysets.append(f)
             with tqdm(total=total, unit="rows", desc="parquet -> Norm (Dask)",
                       disable=not progress, leave=False) as b:
-                _gather(c, convert, chunks_of, b, weights, fetch=False)
-            _gather(c, keysets, chunks_of)
+                _gather(c, convert, chunks_of, b, weights, fetch=False, job="parquet_to_norm")
+            _gather(c, keysets, chunks_of, job="parquet_to_norm")
             futures.clear()
             lists = []
             for k, g in enumerate(list_groups):
