@@ -99,16 +99,29 @@ def _parse():
                    help="pages of the peers block's tables (one buffer per table, read by every side): "
                         "2 MiB transparent huge pages (MADV_HUGEPAGE) or 4 KiB pages (MADV_NOHUGEPAGE, "
                         "and EMBEDLAB_HUGE_PAGES=0 for the TensorFlow copies)")
+    p.add_argument("--peer-lead-ms", type=float, default=None,
+                   help="peers block: untimed calls of a case for this long before each of its timed calls "
+                        "(default: twice the longest time any case leaves threads running after it returns, "
+                        "at least 10 ms; 0 = one call per case in turn, each right after the case before)")
+    p.add_argument("--peer-gap-ms", type=float, default=0.0,
+                   help="peers block: sleep this long before each timed call (after the lead-in)")
     p.add_argument("--out", type=Path, default=None,
                    help="JSON path (default results/lookup_cpu_<machine>_<date>.json)")
     return p.parse_args()
 
 
-def _interleaved_ms(cases, warmup, repeats):
+def _interleaved_ms(cases, warmup, repeats, lead_ms=0.0, gap_ms=0.0):
     """Median ms per case, the cases timed in turn within each repeat.
 
     On a shared machine, load that comes and goes then hits every case alike, so the ratios
     stay meaningful even when the absolute times move.
+
+    lead_ms > 0: before its timed call, each case runs untimed calls of itself until lead_ms have
+    passed since its turn began (at least one), so that threads the case before it left running
+    (torch's OpenMP workers keep spinning for milliseconds after a call) have gone quiet, and the
+    timed call finds the machine as a loop of that case alone would leave it: its own threads in
+    their steady state, no one else's. gap_ms > 0: a sleep before each timed call instead (on a
+    VM an idle gap is no neutral start either: see RESULTS.md, lookup_cpu, Peers).
     """
     for fn, arg in cases.values():
         for _ in range(warmup):
@@ -116,6 +129,13 @@ def _interleaved_ms(cases, warmup, repeats):
     times = {name: [] for name in cases}
     for _ in range(repeats):
         for name, (fn, arg) in cases.items():
+            if lead_ms > 0:
+                t_lead = time.perf_counter()
+                _block(fn(arg))
+                while (time.perf_counter() - t_lead) * 1e3 < lead_ms:
+                    _block(fn(arg))
+            if gap_ms > 0:
+                time.sleep(gap_ms / 1e3)
             t0 = time.perf_counter()
             _block(fn(arg))
             times[name].append((time.perf_counter() - t0) * 1e3)
@@ -389,6 +409,57 @@ def _page_buffer(shape, huge):
     return np.frombuffer(m, np.float32).reshape(shape)
 
 
+def _thread_cpu_ns():
+    """CPU time so far (ns) of every thread of this process, from /proc/self/task/*/schedstat."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _linger_ms(fn, window_ms=100.0, poll_ms=0.5, calls=3):
+    """How long other threads of this process keep running after fn returns, in ms: fn is called
+    `calls` times (its threads in their steady state), then every thread's CPU time is sampled
+    every poll_ms for window_ms; the result is the time after the return of the last sample in
+    which a thread other than the caller's gained more than a tenth of the interval (a spinning
+    or still-working thread), 0 if none did; and how many threads did. Median of 5 tries."""
+    import threading
+    me = threading.get_native_id()
+    tries = []
+    for _ in range(5):
+        time.sleep(window_ms / 1e3)  # everyone's leftovers from before have finished
+        for _ in range(calls):
+            _block(fn(None))
+        base, t0, last, busy = _thread_cpu_ns(), time.perf_counter(), 0.0, set()
+        while (el := (time.perf_counter() - t0) * 1e3) < window_ms:
+            time.sleep(poll_ms / 1e3)
+            now = _thread_cpu_ns()
+            for tid, ns in now.items():
+                if tid != me and ns - base.get(tid, ns) > poll_ms * 1e5:
+                    last = (time.perf_counter() - t0) * 1e3
+                    busy.add(tid)
+            base = now
+        tries.append((last, len(busy)))
+    tries.sort()
+    return tries[len(tries) // 2]
+
+
+def _process_huge_kb():
+    """KiB of this process's memory on transparent huge pages (/proc/self/smaps_rollup)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
 def _huge_kb(arrays):
     """KiB of the arrays' address ranges that sit on transparent huge pages (/proc/self/smaps)."""
     ranges = [(x.__array_interface__["data"][0], x.__array_interface__["data"][0] + x.nbytes) for x in arrays]
@@ -582,11 +653,27 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
         same_bits_tf = all(g.numpy().tobytes() == x.tobytes() for g, x in zip(got, outs))
         cases.update({"peer_fwd_graph_ms": (graph(fwd), 0), "peer_step_graph_ms": (graph(step), 0),
                       "peer_fwd_eager_ms": (eager_fwd, None), "peer_fwd_eager_op_ms": (eager_op, None)})
+        g_fwd = cases["peer_fwd_graph_ms"][0]
+        _block(g_fwd(0))
+        page_faults["graph"] = faults(lambda _: _block(g_fwd(0))) / K  # per step, as the graph's times
     else:
         print(f"[dim {dim}] peers: no TensorFlow copy of the tables (needs ~{need / 2**30:.1f} GiB, "
               f"{avail / 2**30:.1f} GiB available)", flush=True)
-    print(f"[dim {dim}] peers: timing (all cases interleaved)...", flush=True)
-    med, mins = _interleaved_ms(cases, a.warmup, a.repeats)
+    # Which side leaves threads running after its call returns, and for how long (see _linger_ms).
+    linger = {name: _linger_ms(lambda _, fn=fn, arg=arg: fn(arg)) for name, (fn, arg) in cases.items()}
+    for name, (ms, n) in linger.items():
+        print(f"[dim {dim}] peers: after {name[5:-3]}: {n} other thread(s) ran on for {ms:.1f} ms", flush=True)
+    lead = a.peer_lead_ms if a.peer_lead_ms is not None else max(10.0, 2 * max(ms for ms, _ in linger.values()))
+    print(f"[dim {dim}] peers: timing (all cases interleaved, each timed call after {lead:.0f} ms of lead-in "
+          f"calls of its own{f' and a {a.peer_gap_ms:g} ms sleep' if a.peer_gap_ms else ''})...", flush=True)
+    med, mins = _interleaved_ms(cases, a.warmup, a.repeats, lead_ms=lead, gap_ms=a.peer_gap_ms)
+    if with_tf:
+        # The TensorFlow copies' huge pages, as the timed calls had them (the op advises its tables
+        # on their second sighting): the process's AnonHugePages beyond the NumPy tables' (an upper
+        # bound: other huge-page-backed allocations of the process count too).
+        tf_huge_kb = _process_huge_kb()
+        if tf_huge_kb is not None:
+            tf_huge_kb -= _huge_kb(arrays) or 0
     for d in (med, mins):
         for k in ("peer_fwd_graph_ms", "peer_step_graph_ms"):
             if k in d:
@@ -594,12 +681,16 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
     res = {"peer_dim": dim, "peer_pages": a.peer_pages, "peer_table_huge_kib": huge_kb,
            "peer_table_kib": T * a.rows * dim * 4 // 1024, "peer_keys_per_batch": nkeys,
            "peer_torch": torch.__version__, "peer_fwd_bits_equal_torch_core": same_bits,
-           "peer_fwd_page_faults_per_call": page_faults, **med,
+           "peer_fwd_page_faults_per_call": page_faults, "peer_lead_ms": lead, "peer_gap_ms": a.peer_gap_ms,
+           "peer_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
+           "peer_linger_ms": {k: v[0] for k, v in linger.items()},
+           "peer_linger_threads": {k: v[1] for k, v in linger.items()}, **med,
            "peer_min": mins}
     res["peer_fwd_ratio_core"] = med["peer_fwd_torch_ms"] / med["peer_fwd_core_ms"]
     res["peer_step_ratio_core"] = med["peer_step_torch_ms"] / med["peer_step_core_ms"]
     if with_tf:
         res["peer_fwd_bits_equal_tf_core"] = same_bits_tf
+        res["peer_tf_table_huge_kib"] = tf_huge_kb
         res["peer_fwd_ratio_graph"] = med["peer_fwd_torch_ms"] / med["peer_fwd_graph_ms"]
         res["peer_step_ratio_graph"] = med["peer_step_torch_ms"] / med["peer_step_graph_ms"]
         res["peer_core_over_graph_fwd"] = med["peer_fwd_core_ms"] / med["peer_fwd_graph_ms"]
@@ -741,10 +832,9 @@ def main():
            "results": results, "peers": peer_results, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if a.out is None:
         a.out = _results.default_out("lookup_cpu", _results.cpu_machine())
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    os.replace(tmp, a.out)
+    from embedlab._io import atomic_file
+    with atomic_file(a.out) as tmp:
+        tmp.write_text(json.dumps(out, indent=1))
     print(f"\nwrote {a.out}")
 
 
