@@ -100,8 +100,8 @@ def sample_keys(manifest, batch: int, rng, keys: np.ndarray | None = None) -> np
 def labeled_samples(manifest, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """``n`` samples of the training data's distribution: keys int64 [n, keys_per_sample] and
     labels float32 [n, 1], drawn from the click model recorded in the manifest's ``data``
-    (:class:`embedlab.hps.export.ClickModel`), for scoring the served model (AUC)."""
-    from embedlab.hps.export import ClickModel
+    (:class:`embedlab.tutorials.naive_dnn.ClickModel`), for scoring the served model (AUC)."""
+    from embedlab.tutorials.naive_dnn import ClickModel
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     spec = m.extra.get("data")
     if spec is None:

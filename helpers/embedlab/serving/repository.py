@@ -1,6 +1,6 @@
 """Writes Triton model repositories: the HPS + ONNX ensemble, and an identity ensemble.
 
-The served model is the one notebook 05 exports (`embedlab.hps.export.export_for_serving`):
+The served model is the one notebook 05 exports (`embedlab.tutorials.naive_dnn.export_for_serving`):
 a folder with a `serving.json` manifest naming the HPS JSON, the sparse model, the ONNX dense
 model and the SavedModels. The repository follows HugeCTR's "HPS + Triton ensemble" sample:
 
@@ -62,7 +62,7 @@ def load_manifest(path) -> ServingManifest:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} does not exist: run notebook 05 (05_hps_training_export.ipynb) first; it trains the "
-            "model and exports it for serving with embedlab.hps.export.export_for_serving")
+            "model and exports it for serving with embedlab.tutorials.naive_dnn.export_for_serving")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:

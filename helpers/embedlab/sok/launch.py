@@ -2,7 +2,7 @@
 
     python -m embedlab.sok.launch -n 2 train.py --epochs 3
     python -m embedlab.sok.launch -n 2 --timeout 600 --collective-timeout 60 train.py
-    python -m embedlab.sok.launch -n 2 -m embedlab.sok.demo --data rows.tsv      # a module
+    python -m embedlab.sok.launch -n 2 -m embedlab.tutorials.sok_demo --data rows.tsv  # a module
     python -m embedlab.sok.launch --hosts node1,node2 --port 12345             # print TF_CONFIGs
     python -m embedlab.sok.launch --hosts node1,node2 --port 12345 --index 1 train.py   # run rank 1 here
 
