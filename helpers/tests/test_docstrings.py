@@ -3,9 +3,10 @@
 One test per module that has examples (the files of the installed `embedlab`, found without
 importing them). Each runs in a fresh temporary working directory, so an example that writes files
 leaves nothing behind, with ELLIPSIS and NORMALIZE_WHITESPACE. An example marked
-`# doctest: +SKIP` is not run: it needs what a test run does not have (a Triton server, a
-Redis, a trained export, a Dask cluster, a GPU, a fresh process); a module whose examples are
-all marked so is reported as skipped, with that reason.
+`# doctest: +SKIP` is not run: it needs what a test run does not have (a running Triton server
+or Redis, a GPU, a process where TensorFlow has not started yet), and says so in its module; a
+module whose examples are all marked so is reported as skipped, with that reason. Examples that
+need data or a model export make a small one themselves (the whole file takes seconds).
 """
 from __future__ import annotations
 

@@ -7,10 +7,15 @@ before `fn` through /proc/self/clear_refs where the kernel allows it, else the p
 since it started). `fn` must be a module-level function of an importable module; arguments and
 result travel by pickle.
 
-    >>> from embedlab.data import memory
-    >>> rows, mem = memory.peak_rss(memory.loader_epoch, "parquet/train", 4096,
-    ...                             preload=("tensorflow",))                    # doctest: +SKIP
-    >>> mem.added_mib                       # what one loader epoch added   # doctest: +SKIP
+    >>> from embedlab.data import criteo, memory
+    >>> txt = criteo.generate("day.txt", rows=2000, seed=0, progress=False)
+    >>> _ = criteo.preprocess(txt, "parquet", progress=False)
+    >>> rows, mem = memory.peak_rss(memory.loader_epoch, "parquet/train", 512,
+    ...                             preload=("tensorflow",))
+    >>> rows                                # the loader's return value
+    1599
+    >>> mem                                 # mem.added_mib: what one loader epoch added
+    MemoryUse(base_mib=..., peak_mib=...)
 """
 from __future__ import annotations
 

@@ -411,7 +411,7 @@ def hps_redis(environ=None, **local) -> "ExternalRedis | RedisServer":
         RedisSettingError: the address is malformed or unreachable, the password is refused or
             missing, or the password is set without an address; the message names the variable.
 
-    Example:
+    Example (the first two lines +SKIP: they need a running Redis at that address):
         >>> r = hps_redis({"EMBEDLAB_REDIS_ADDRESS": "redis:6379"})       # doctest: +SKIP
         >>> print(r.describe())                                           # doctest: +SKIP
         the Redis at redis:6379 named by EMBEDLAB_REDIS_ADDRESS (...)

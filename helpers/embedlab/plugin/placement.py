@@ -94,9 +94,12 @@ def split_cpu(n: int) -> list:
     Returns:
         The logical CPU device names.
 
-    Example:
+    Example (the first line +SKIP: it must run before TensorFlow starts, in a fresh process):
         >>> split_cpu(4)        # doctest: +SKIP
         ['/device:CPU:0', '/device:CPU:1', '/device:CPU:2', '/device:CPU:3']
+        >>> n = len(tf.config.list_logical_devices("CPU"))
+        >>> split_cpu(n) == [d.name for d in tf.config.list_logical_devices("CPU")]   # the same n again: a no-op
+        True
     """
     cpu = tf.config.list_physical_devices("CPU")[0]
     want = [tf.config.LogicalDeviceConfiguration() for _ in range(int(n))]

@@ -98,7 +98,7 @@ def predict(client, keys, model: str = "ensemble", protocol=None, **kw) -> Predi
         client: a tritonclient HTTP or gRPC `InferenceServerClient` (see `client_for`).
         keys: int64 [batch, keys_per_sample]; `kw` as for `make_inputs` (`numkeys`).
 
-    Example:
+    Example (+SKIP: needs a running Triton server serving notebook 05's ensemble):
         >>> p = predict(client_for(server), np.array([[1, 10**15, 3]]))     # doctest: +SKIP
         >>> p.defaulted_keys                                               # doctest: +SKIP
         array([1], dtype=int32)

@@ -22,8 +22,15 @@ class InProcessModel:
         threads: onnxruntime intra-op threads (default: all cores).
 
     Example:
-        >>> model = InProcessModel(DATA_DIR / "hps_triton")            # doctest: +SKIP
-        >>> model.predict(np.array([[1, 10001, 20001]]))                # doctest: +SKIP
+        >>> from embedlab.tutorials import naive_dnn
+        >>> args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
+        ...                           vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
+        >>> _ = naive_dnn.export_for_serving("hps_triton", args, verbose=False)   # notebook 05's export, small
+        >>> model = InProcessModel("hps_triton")
+        >>> model.lookup(np.array([[1, 1001, 2001]])).shape     # keys -> the HPS's vectors
+        (1, 3, 16)
+        >>> model.predict(np.array([[1, 1001, 2001]])).shape    # -> the dense model's logit
+        (1, 1)
     """
 
     def __init__(self, manifest, *, threads: int | None = None):

@@ -189,7 +189,13 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
         A client that asks for DENSE_OUTPUT alone gets it alone.
 
     Example:
-        >>> repo = write_model_repository(DATA_DIR / "hps_triton", DATA_DIR / "hps_triton" / "repository")  # doctest: +SKIP
+        >>> from embedlab.tutorials import naive_dnn
+        >>> args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
+        ...                           vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
+        >>> _ = naive_dnn.export_for_serving("hps_triton", args, verbose=False)   # notebook 05's export, small
+        >>> repo = write_model_repository("hps_triton", "hps_triton/repository")
+        >>> sorted(p.name for p in repo.iterdir())
+        ['dense', 'ensemble', 'hps_embedding', 'serving.json']
     """
     from embedlab._io import atomic_dir
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
@@ -271,11 +277,19 @@ def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
                             persistent_db: dict | None = None, **model_fields) -> Path:
     """Writes a copy of the exported HPS JSON with other tiers or model settings.
 
-    The same tables (the same sparse files) served through, e.g., Redis and RocksDB:
+    The same tables (the same sparse files) served through, e.g., Redis and RocksDB (the Redis
+    is only named here; `embedlab.hps.redis.hps_redis()` gives a running one's address and password):
 
-        >>> write_ps_config_variant(m, "hps_redis.json",                     # doctest: +SKIP
-        ...     volatile_db={"type": "redis_cluster", "address": r.address, "password": r.password},
-        ...     persistent_db={"type": "rocks_db", "path": "/tmp/rocksdb"}, gpucacheper=0.1)
+        >>> from embedlab.tutorials import naive_dnn
+        >>> args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
+        ...                           vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
+        >>> _ = naive_dnn.export_for_serving("hps_triton", args, verbose=False)   # notebook 05's export, small
+        >>> path = write_ps_config_variant("hps_triton", "hps_redis.json",
+        ...     volatile_db={"type": "redis_cluster", "address": "127.0.0.1:6379", "password": "secret"},
+        ...     persistent_db={"type": "rocks_db", "path": "rocksdb"}, gpucacheper=0.1)
+        >>> cfg = json.loads(path.read_text())
+        >>> cfg["volatile_db"]["type"], cfg["persistent_db"]["type"], cfg["models"][0]["gpucacheper"]
+        ('redis_cluster', 'rocks_db', 0.1)
 
     Args:
         manifest: a `ServingManifest` or the path of `serving.json` / its folder.

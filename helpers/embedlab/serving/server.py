@@ -165,7 +165,7 @@ class TritonServer:
         python_shm_bytes: initial size of each python-model shared-memory region.
         extra_args: more tritonserver arguments.
 
-    Example:
+    Example (+SKIP: starts a tritonserver process on a repository with notebook 05's export):
         >>> with TritonServer("data/cache/hps_triton/repository") as server:   # doctest: +SKIP
         ...     client = tritonclient.http.InferenceServerClient(server.http_url)
 
