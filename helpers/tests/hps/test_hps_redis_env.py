@@ -115,7 +115,7 @@ def test_bad_values_name_the_variable(case, users_redis, monkeypatch):
 
 @needs_native_tiers
 def test_tier_demo_uses_the_users_redis_and_leaves_no_rows(env, tmp_path):
-    from embedlab.hps import demo
+    from embedlab.tutorials import hps_demo as demo
     tab = Table(tmp_path / "t", n=2000, dim=8, key_space=10**6)
     stream = demo.zipf_stream(tab.keys, 6, 256, seed=1)
     r = hps_redis()

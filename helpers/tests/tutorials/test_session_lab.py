@@ -1,4 +1,4 @@
-"""embedlab.session.lab, the helpers of notebook 03: per-table key counts against the Norm files
+"""embedlab.tutorials.session_lab, the helpers of notebook 03: per-table key counts against the Norm files
 read back, per-embedding capacities, HugeCTR's training loop, memory probes, and the Keras
 baseline's input (known length, no Keras warnings)."""
 from __future__ import annotations
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from embedlab.data import formats
-from embedlab.session import Session, lab, solver_parser_helper
+from embedlab.session import Session, solver_parser_helper
+from embedlab.tutorials import session_lab as lab
 
-from sessionlib import dump, wdl_json, write_lists
+from session.sessionlib import dump, wdl_json, write_lists     # tests/session's helpers (tests/ is on sys.path)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""export_for_serving: the files and manifest the serving side reads, checked end to end
-(ONNX vs TensorFlow, the inference SavedModel vs the trained model in a fresh process); the
-click model behind the demo's labels, and a model trained on it that learns."""
+"""embedlab.tutorials.naive_dnn (notebook 05's model): export_for_serving's files and manifest,
+which the serving side reads, checked end to end (ONNX vs TensorFlow, the inference SavedModel
+vs the trained model in a fresh process); the click model behind the demo's labels, and a model
+trained on it that learns."""
 import json
 import os
 import subprocess
@@ -10,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedlab.hps import export
+from embedlab.tutorials import naive_dnn
 
 
 def test_export_for_serving(tmp_path, run_seed):
-    args = export.DemoArgs(global_batch_size=256, iter_num=3,
+    args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
                            vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
-    m = export.export_for_serving(tmp_path / "hps_triton", args, verbose=False)
+    m = naive_dnn.export_for_serving(tmp_path / "hps_triton", args, verbose=False)
     keys = {"model_name", "ps_config_file", "table_id", "emb_vec_size", "slot_num", "keys_per_sample", "onnx_file",
             "onnx_input", "onnx_output", "dense_savedmodel", "inference_savedmodel"}
     assert keys <= set(m)
@@ -30,7 +31,7 @@ def test_export_for_serving(tmp_path, run_seed):
     assert m["checks"]["onnx_max_abs_diff"] < 1e-5
     assert m["checks"]["logits_mse"] <= 1e-6 and m["checks"]["embeddings_mse"] <= 1e-6
     assert 0.0 <= m["checks"]["auc"] <= 1.0 and m["checks"]["auc_ceiling"] > 0.7
-    assert export.ClickModel.from_spec(m["data"]).spec() == export.ClickModel.from_args(args).spec()
+    assert naive_dnn.ClickModel.from_spec(m["data"]).spec() == naive_dnn.ClickModel.from_args(args).spec()
     # A fresh process: the inference SavedModel (hps.LookupLayer, implicit init) against the sparse
     # files + the ONNX dense part through onnxruntime.
     code = f"""
@@ -54,10 +55,10 @@ print("served-ok")
 
 
 def test_click_model_is_reproducible_skewed_and_predictive(rng):
-    args = export.DemoArgs(seed=int(rng.integers(1 << 20)))
-    cm = export.ClickModel.from_args(args)
+    args = naive_dnn.DemoArgs(seed=int(rng.integers(1 << 20)))
+    cm = naive_dnn.ClickModel.from_args(args)
     k1, y1, z1 = cm.sample(50_000, np.random.default_rng(3))
-    k2, y2, z2 = export.ClickModel.from_spec(json.loads(json.dumps(cm.spec()))).sample(50_000, np.random.default_rng(3))
+    k2, y2, z2 = naive_dnn.ClickModel.from_spec(json.loads(json.dumps(cm.spec()))).sample(50_000, np.random.default_rng(3))
     assert np.array_equal(k1, k2) and np.array_equal(y1, y2) and np.array_equal(z1, z2)
     assert k1.dtype == np.int64 and k1.shape == (50_000, 3) and y1.shape == (50_000, 1)
     for s, (lo, hi) in enumerate(args.vocabulary_range_per_slot):
@@ -67,18 +68,18 @@ def test_click_model_is_reproducible_skewed_and_predictive(rng):
     # labels follow the logits: the true model's AUC is well above a coin flip, and labels are noisy
     from embedlab.session import auc
     assert 0.75 < auc(y1, z1) < 0.95
-    flat = export.ClickModel(args.vocabulary_range_per_slot, effect_std=0.0).sample(20_000, np.random.default_rng(4))
+    flat = naive_dnn.ClickModel(args.vocabulary_range_per_slot, effect_std=0.0).sample(20_000, np.random.default_rng(4))
     assert abs(flat[1].mean() - 0.5) < 0.02 and np.all(flat[2] == 0)      # effect_std 0: coin flips
     with pytest.raises(ValueError, match="not a click-model spec"):
-        export.ClickModel.from_spec({"seed": 1})
+        naive_dnn.ClickModel.from_spec({"seed": 1})
     with pytest.raises(ValueError, match="ranges"):
-        export.ClickModel([[5, 5]])
+        naive_dnn.ClickModel([[5, 5]])
 
 
 def test_trained_model_learns_the_click_model():
-    args = export.DemoArgs(global_batch_size=1024, iter_num=20)      # notebook 05's ci size
-    model, losses, _ = export.train_naive_dnn(args, log_every=0)
-    q = export.evaluate(model, args, num_samples=20_000)
+    args = naive_dnn.DemoArgs(global_batch_size=1024, iter_num=20)      # notebook 05's ci size
+    model, losses, _ = naive_dnn.train_naive_dnn(args, log_every=0)
+    q = naive_dnn.evaluate(model, args, num_samples=20_000)
     assert np.mean(losses[-3:]) < losses[0] - 0.02, losses
     assert 0.6 < q["auc"] <= q["auc_ceiling"] + 0.01, q
     assert q["loss_floor"] < q["loss"] < np.log(2), q

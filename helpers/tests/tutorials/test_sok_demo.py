@@ -1,4 +1,4 @@
-"""Notebook 04's models: the DeepFM of `embedlab.sok.demo` trains to the same bits on 1 worker
+"""Notebook 04's models: the DeepFM of `embedlab.tutorials.sok_demo` trains to the same bits on 1 worker
 (splits=2) and on 2 workers, the check that says so rejects a single wrong row, and the guide's
 DemoModel learns its toy task."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from embedlab.data import criteo
-from embedlab.sok import demo
+from embedlab.tutorials import sok_demo as demo
 
 STEPS, GLOBAL_BATCH, VOCAB, DIM = 12, 256, 1_000, 4
 
@@ -24,7 +24,7 @@ def runs(tmp_path_factory, run_seed):
     seed = run_seed
     d = tmp_path_factory.mktemp("deepfm")
     rows = criteo.generate(d / "rows.tsv", rows=STEPS * GLOBAL_BATCH + 100, seed=seed, progress=False)
-    cmd = [sys.executable, "-m", "embedlab.sok.launch", "-n", "2", "--timeout", "400", "-m", "embedlab.sok.demo",
+    cmd = [sys.executable, "-m", "embedlab.sok.launch", "-n", "2", "--timeout", "400", "-m", "embedlab.tutorials.sok_demo",
            "--data", str(rows), "--steps", str(STEPS), "--global-batch", str(GLOBAL_BATCH), "--vocab", str(VOCAB),
            "--dim", str(DIM), "--out", str(d / "two.json"), "--table-out", str(d / "two_table0.npy"),
            "--dump", str(d / "dump"), "--profile"]
@@ -100,7 +100,7 @@ def test_guide_demo_model_learns_its_toy_task(run_seed):
     import embedlab
     tf = embedlab.import_tensorflow()
     import embedlab.sok as sok
-    from embedlab.sok.demo_guide import DemoModel, guide_batches
+    from embedlab.tutorials.sok_guide import DemoModel, guide_batches
 
     batches = list(guide_batches(256, 40, seed=run_seed))
     inputs, labels = batches[0]
