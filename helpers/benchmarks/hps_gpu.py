@@ -26,8 +26,12 @@ What it does, in one run on one GPU:
 Bandwidth is counted the FBGEMM way: each looked-up row read once, the keys read, the outputs
 written (batch * (8 + 2 * 4 * dim) bytes), over time, and as a fraction of the copy bandwidth.
 
-A dynamic cache stamps every hit with the call's epoch (each replayed call is a new epoch), so
-its hit path includes those writes.
+A dynamic cache stamps a hit with the current epoch when its stamp differs, and the epoch
+advances only in insert() (embedding_cache.h): replayed lookups alone stamp each row once. So for
+dynamic caches the script also times the hit path with advance_epoch() before each lookup (what
+every insert() of the misses does between two lookups of serving; then every hit writes its
+stamp): "after insert" is that graph's time per lookup minus the advance kernel's own (timed
+alone, in a graph of its own).
 
 Prints a table and writes JSON to helpers/benchmarks/results/hps_gpu_<gpu>_<UTC time>.json
 (the same name under $OUT if OUT is set).
@@ -191,6 +195,20 @@ def run(args):
                     ms_floor = graph_ms(torch, [floor(i) for i in range(8)], args.reps)
                     ms_eager = eager_ms(torch, [ours(i) for i in range(8)], args.reps)
                     ms_ref = graph_ms(torch, [theirs(i) for i in range(8)], args.reps)
+                    ms_adv = ms_adv_only = None
+                    if not static and hasattr(cache, "advance_epoch"):
+                        def advance():
+                            cache.advance_epoch(stream=torch.cuda.current_stream().cuda_stream)
+
+                        def ours_after_insert(i):
+                            f = ours(i)
+
+                            def g():
+                                advance()
+                                f()
+                            return g
+                        ms_adv = graph_ms(torch, [ours_after_insert(i) for i in range(8)], args.reps)
+                        ms_adv_only = graph_ms(torch, [advance] * 8, args.reps)
                     ms_full, misses = full_lookup_ms(torch, cache, qkeys, absent, out, args)
                     # the key probe: 8 bytes read at a random slot of an array as large as the
                     # cache's keys (what proving a hit's key costs on its own), the same count
@@ -209,6 +227,9 @@ def run(args):
                          "ms_key_probe": ms_probe, "of_floor_plus_probe": (ms_floor + ms_probe) / ms,
                          "ms_torch_gather": ms_ref, "ms_full_lookup": ms_full, "full_lookup_misses": misses,
                          "full_vs_hit": ms_full / ms,
+                         "ms_with_advance": ms_adv, "ms_advance_alone": ms_adv_only,
+                         "ms_after_insert": None if ms_adv is None else ms_adv - ms_adv_only,
+                         "of_floor_after_insert": None if ms_adv is None else ms_floor / (ms_adv - ms_adv_only),
                          "gkeys_per_s": batch / (ms * 1e-3) / 1e9,
                          "gkeys_per_s_eager": batch / (ms_eager * 1e-3) / 1e9,
                          "gkeys_per_s_torch_gather": batch / (ms_ref * 1e-3) / 1e9,
@@ -225,17 +246,23 @@ def run(args):
                           f"torch index_select "
                           f"{ms_ref:.4f} ms; full lookup() with {misses} misses {ms_full:.4f} ms "
                           f"= {r['full_vs_hit']:.2f}x the hit path", flush=True)
+                    if ms_adv is not None:
+                        print(f"  {dist:7s} batch {batch:8d}: after an insert (advance_epoch before each lookup, "
+                              f"every hit stamps): {ms_adv:.4f} ms - advance kernel {ms_adv_only:.4f} ms = "
+                              f"{r['ms_after_insert']:.4f} ms -> {100 * r['of_floor_after_insert']:.0f}% of the floor",
+                              flush=True)
             del cache, d_keys, values, table, hit_keys, absent, probe_table
             torch.cuda.empty_cache()
     print()
     print(f"{'dim':>4} {'cache':>8} {'load':>5} {'dist':>8} {'batch':>8} {'cache ms':>9} {'floor ms':>9} "
           f"{'of floor':>8} {'probe ms':>9} {'G keys/s':>9} {'%copy':>6} {'torch ms':>9} {'lookup() ms':>11} "
-          f"{'x hit':>6}")
+          f"{'x hit':>6} {'after ins':>9} {'of floor':>8}")
     for r in rows_out:
         print(f"{r['dim']:>4} {r['cache']:>8} {r['load']:>5.2f} {r['dist']:>8} {r['batch']:>8} {r['ms']:>9.4f} "
               f"{r['ms_floor']:>9.4f} {100 * r['of_floor']:>7.0f}% {r['ms_key_probe']:>9.4f} {r['gkeys_per_s']:>9.2f} "
               f"{100 * r['frac_copy_bw']:>5.0f}% {r['ms_torch_gather']:>9.4f} {r['ms_full_lookup']:>11.4f} "
-              f"{r['full_vs_hit']:>6.2f}")
+              f"{r['full_vs_hit']:>6.2f} " + ("" if r["ms_after_insert"] is None else
+                                              f"{r['ms_after_insert']:>9.4f} {100 * r['of_floor_after_insert']:>7.0f}%"))
     result = {"benchmark": "hps_gpu", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "command": " ".join(sys.argv), "info": info, "copy_gb_per_s": copy_gbs, "rows": rows_out}
     path = out_path("hps_gpu", info)

@@ -6,23 +6,29 @@
 //   * A key lives only in set set_of(key) = (fmix64(key) * num_sets) >> 64, in any of its ways.
 //   * Per set: one 32-bit version word (a seqlock, see below) and a 32-bit occupancy mask;
 //     per slot: the key, an access stamp, and the row, stored contiguously
-//     (values[slot * dim .. slot * dim + dim)), slot = set * ways + way. The CPU keeps a set's
+//     (values[slot * dim .. slot * dim + dim)), slot = set * ways + way; the GPU, at dims <= 16
+//     that are multiples of 4, also keeps a copy of the key in 16 bytes before each row (one
+//     record of dim + 4 floats per slot), which its lookups compare. The CPU keeps a set's
 //     version, mask and 16-bit stamps together in one small header (one cache line to read and,
-//     on a hit, to stamp); the GPU keeps 16-bit stamps in their own array, and per set one tag
-//     byte per way (8 bits of the key's hash other than the set's, never 0; 0 = free way), which
-//     its lookups read instead of the occupancy mask and the keys (the key of a way whose tag
-//     matches is then compared, so a lookup stays exact).
+//     on a hit, to stamp); the GPU keeps per set one tag byte per way (8 bits of the key's hash
+//     other than the set's, never 0; 0 = free way) and, in dynamic caches, the ways' 16-bit
+//     stamps together in one 32-byte sector (at 8 ways; static caches keep only the tags, 8
+//     bytes per set), which its lookups read instead of the occupancy mask and the keys (the
+//     key of a way whose tag matches is then compared, so a lookup stays exact).
 //   * Any int64 key is valid (occupancy is a bit, not a reserved key).
 //
-// Eviction (dynamic caches): each call that may touch stamps takes the next value of a cache-wide
-// epoch counter; a hit in lookup() and every insert()/update() write that epoch into the slot's
-// stamp (only when it differs, so a hot row's line is not dirtied on every hit). insert() of an
-// absent key takes a free way of its set or, when the set is full, evicts the way with the
-// smallest stamp (ties: the lowest way). That is LRU at the granularity of calls. (Stamps are the
-// epoch's low 16 bits. CPU ages are taken modulo 2^16: a row untouched for more than 65,535
-// calls may look younger than it is, an approximation in the spirit of CLOCK. GPU ages are the
-// signed 16-bit difference clamped at 0, since one launch's blocks may stamp e or e + 1: there
-// the horizon is 32,767 calls.)
+// Eviction (dynamic caches): LRU at the granularity of insert() calls. A cache-wide epoch counter
+// C (odd, starting at 1) advances only in insert(): by 2 per call. A hit in lookup() and a row
+// overwritten by update() are stamped with C; a row stored by insert() with C + 1 (so it is newer
+// than every row touched before that insert() and older than every row touched after it). A
+// stamp is written only when it differs: between two insert() calls a row is stamped at most
+// once, however often it is hit. insert() of an absent key takes a free way of its set or, when
+// the set is full, evicts the way with the smallest stamp (ties: the lowest way): the way touched
+// least recently, where all touches between two insert() calls count as simultaneous. Only
+// insert() evicts, so a finer clock would order nothing more between the evictions it decides.
+// (Stamps are the epoch's low 16 bits and ages are taken modulo 2^16, on the CPU and the GPU
+// alike: a row untouched for more than 32,767 insert() calls may look younger than it is, an
+// approximation in the spirit of CLOCK.)
 //
 // Static caches (is_static = true) are filled by insert() into free ways only: nothing is ever
 // evicted or overwritten (insert() of a key whose set is full, or that is already present, stores
@@ -207,6 +213,10 @@ class EmbeddingCacheCuda {
   cudaError_t update(const int64_t* keys, const float* values, int64_t n, int64_t* present_host, cudaStream_t stream);
   cudaError_t erase(const int64_t* keys, int64_t n, int64_t* removed_host, cudaStream_t stream);
   cudaError_t clear(cudaStream_t stream);
+  // What every insert() of a dynamic cache does to the LRU clock (C += 2, see Eviction above):
+  // later lookups stamp their hits again. For benchmarks of the hit path as it runs between the
+  // insert() calls of serving.
+  cudaError_t advance_epoch(cudaStream_t stream);
   cudaError_t size(int64_t* size_host, cudaStream_t stream);     // synchronizes
   cudaError_t stats(EmbeddingCacheStats* out, cudaStream_t stream);  // synchronizes
 
@@ -219,15 +229,27 @@ class EmbeddingCacheCuda {
   bool static_;
   int64_t num_sets_;
   int device_ = 0;
-  // The epoch counter lives in device memory and each kernel advances it, so that calls
-  // replayed from a CUDA graph still age the rows (a host counter would be frozen into the graph).
+  // The epoch counter lives in device memory and insert() advances it with a kernel, so that
+  // calls replayed from a CUDA graph still age the rows (a host counter would be frozen into it).
   uint32_t* epoch_ = nullptr;
   uint32_t* headers_ = nullptr;  // [num_sets * 2]: version, occupied
   int64_t* keys_ = nullptr;      // [num_sets * ways]
-  uint16_t* stamps_ = nullptr;   // [num_sets * ways]: low 16 bits of the epoch of the last touch
-  uint8_t* tags_ = nullptr;      // [num_sets * tag_stride()]: a tag per way (8 bits of the key's hash, 0 = free)
+  // [num_sets * meta_stride()]: per set a tag per way (8 bits of the key's hash, 0 = free), then
+  // at byte tag_stride() a 16-bit stamp per way (low 16 bits of the epoch of the last touch)
+  uint8_t* meta_ = nullptr;
   int tag_stride() const { return (ways_ + 7) / 8 * 8; }
-  float* values_ = nullptr;      // [num_sets * ways * dim]
+  int meta_stride() const {  // static caches keep no stamps: tags alone (8 bytes per set at 8 ways)
+    if (static_) return tag_stride();
+    int m = 32;
+    while (m < tag_stride() + 2 * ways_) m *= 2;
+    return m;
+  }
+  // [num_sets * ways * rec()]: per slot, a copy of its key in the first 16 bytes when row_off()
+  // is 4 (dims <= 16 that are multiples of 4: the key and the row lie in adjacent sectors, which
+  // a hit reads together), then the row
+  float* values_ = nullptr;
+  int64_t row_off() const { return dim_ % 4 == 0 && dim_ <= 16 ? 4 : 0; }
+  int64_t rec() const { return dim_ + row_off(); }
   // [0..7) running totals in EmbeddingCacheStats order; [8..16) this call's counts; then the
   // lookups' hit and miss counters, striped (see kStripes in embedding_cache_cuda.cu)
   unsigned long long* counters_ = nullptr;

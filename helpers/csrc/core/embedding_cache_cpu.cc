@@ -109,7 +109,8 @@ void EmbeddingCacheCpu::unlock_set(int64_t s, uint32_t odd) {
 int64_t EmbeddingCacheCpu::lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, ThreadPool& pool) {
   if (n <= 0) return 0;
   const bool touch = !static_;
-  const uint32_t epoch = touch ? epoch_.fetch_add(1, std::memory_order_relaxed) : 0;
+  // Lookups do not advance the epoch (only insert() does): hits are stamped with its value.
+  const uint32_t epoch = touch ? epoch_.load(std::memory_order_relaxed) : 0;
   const uint16_t epoch16 = static_cast<uint16_t>(epoch);
   std::mutex mu;
   std::vector<std::pair<int64_t, int64_t>> blocks;  // (begin, number of misses written at missing[begin..])
@@ -212,7 +213,9 @@ void EmbeddingCacheCpu::for_each_by_set(const int64_t* keys, int64_t n, ThreadPo
 }
 
 int64_t EmbeddingCacheCpu::insert(const int64_t* keys, const float* values, int64_t n, ThreadPool& pool) {
-  const uint16_t epoch16 = static_cast<uint16_t>(epoch_.fetch_add(1, std::memory_order_relaxed));
+  if (n <= 0) return 0;  // an empty call leaves the epoch as it is (as on the GPU)
+  // The epoch C advances by 2 per insert(); its rows are stamped C + 1 (embedding_cache.h).
+  const uint16_t epoch16 = static_cast<uint16_t>(epoch_.fetch_add(2, std::memory_order_relaxed) + 1);
   const uint32_t full = ways_ == 32 ? 0xffffffffu : ((1u << ways_) - 1u);
   int64_t t[kCounters] = {};  // stored, evicted, added, rejected
   auto body = [&](int64_t i, int64_t s, int64_t* c) {
@@ -272,7 +275,7 @@ int64_t EmbeddingCacheCpu::insert(const int64_t* keys, const float* values, int6
 }
 
 int64_t EmbeddingCacheCpu::update(const int64_t* keys, const float* values, int64_t n, ThreadPool& pool) {
-  const uint16_t epoch16 = static_cast<uint16_t>(epoch_.fetch_add(1, std::memory_order_relaxed));
+  const uint16_t epoch16 = static_cast<uint16_t>(epoch_.load(std::memory_order_relaxed));  // like a lookup
   int64_t t[kCounters] = {};
   for_each_by_set(keys, n, pool, 4 + dim_ / 8, [&](int64_t i, int64_t s, int64_t* c) {
     const int64_t* sk = keys_ + s * ways_;

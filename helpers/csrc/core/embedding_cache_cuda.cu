@@ -3,17 +3,21 @@
 // Where the time goes: the hit path is a gather with a key check in front of it. A plain gather
 // of the same rows reads the index and the row; the cache must also find the way and prove the
 // key. To read as little as possible besides the row, each set keeps one byte per way, a tag (8
-// bits of the key's hash other than those that choose the set, never 0; 0 marks a free way): 8
-// bytes per set at 8 ways, 8.4 MB for 8.4 M slots (a sixth of an H100's 50 MB L2). A lookup reads
-// its set's tag word and, for the first way whose tag matches, that way's key (one 32-byte
-// sector) and row at the same time; the row is kept only if the key is equal (another matching
-// way is tried otherwise, so a tag collision costs one more key and row read). The occupancy mask
-// and the other ways' keys are never read by a lookup. Proving the key is still a second random
-// read per hit: at dim 16 that, not the tags, bounds the hit path (RESULTS.md, hps). One "group"
-// of G lanes serves one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 8 at dim
-// 128, four pieces per lane), one group per key in the grid, so all loads of a batch are in
-// flight at once. Dynamic caches write the call's epoch (a device counter) into a hit's 16-bit
-// stamp only when it differs; static caches write nothing.
+// bits of the key's hash other than those that choose the set, never 0; 0 marks a free way), and
+// in a dynamic cache its ways' 16-bit stamps, in one 32-byte sector (at 8 ways; 33.5 MB for 8.4 M
+// slots; a static cache's tags alone take 8 bytes per set, 8.4 MB, mostly held by L2). A lookup
+// reads its set's tags and, for the first way whose tag matches, that way's key and row at the
+// same time; the row is kept only if the key is equal (another matching way is tried otherwise,
+// so a tag collision costs one more key and row read). The occupancy mask and the other ways'
+// keys are never read by a lookup. Proving the key is a second random DRAM access per hit: at
+// dims <= 16 the key is kept beside its row (one 80-byte record at dim 16, in two adjacent
+// 64-byte blocks where the row alone is one), at larger dims in its own array (one 32-byte
+// sector against the row's 512 bytes at dim 128, where a record would cost more). That access,
+// not the tags, bounds the hit path at dim 16 (RESULTS.md, hps). One "group" of G lanes serves
+// one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 8 at dim 128, four pieces
+// per lane), one group per key in the grid, so all loads of a batch are in flight at once.
+// Dynamic caches write the epoch (a device counter that only insert() advances) into a hit's
+// stamp, in the sector already read, only when it differs; static caches write nothing.
 //
 // Writes (insert / update / erase): one group per key; lane 0 takes the set's lock (its version
 // word from even to odd with atomicCAS), decides the way, publishes it to the group, the group
@@ -55,14 +59,22 @@ enum WriteMode { kInsert = 0, kUpdate = 1, kErase = 2 };
 struct Cache {
   uint32_t* headers;
   int64_t* keys;
-  uint16_t* stamps;
-  uint8_t* tags;      // [num_sets * tag_stride]: one byte per way, 0 = free
-  float* values;
+  uint8_t* meta;      // [num_sets * meta_stride]: per set, one tag byte per way (0 = free), then
+                      // one 16-bit stamp per way at byte tag_stride
+  float* values;      // [num_sets * ways * rec]: per slot, [key (16 bytes) if row_off] then the row
   int64_t num_sets;
   int64_t dim;
+  int64_t rec;        // floats per slot: dim + row_off
+  int64_t row_off;    // 4 (the key is kept before the row, dims <= 16) or 0 (keys only in `keys`)
   int ways;
-  int tag_stride;     // bytes per set: ways rounded up to 8
+  int tag_stride;     // tag bytes per set: ways rounded up to 8
+  int meta_stride;    // bytes per set: dynamic, a power of two >= 32 (one sector at 8 ways);
+                      // static, tag_stride (no stamps)
   bool is_static;
+  __device__ __forceinline__ const uint8_t* tags(int64_t s) const { return meta + s * meta_stride; }
+  __device__ __forceinline__ uint16_t* stamps(int64_t s) const {
+    return reinterpret_cast<uint16_t*>(meta + s * meta_stride + tag_stride);
+  }
 };
 
 // A key's tag: the low 8 bits of its hash (the set takes the high ones), never 0.
@@ -74,7 +86,7 @@ __device__ __forceinline__ uint32_t tag_of(uint64_t h) {
 // Bit w set where byte w of the set's tags equals `tag` (tags of free ways are 0: no match).
 __device__ __forceinline__ uint32_t tag_match(const Cache& c, int64_t s, uint32_t tag) {
   const uint32_t tag4 = tag * 0x01010101u;
-  const uint2* t = reinterpret_cast<const uint2*>(c.tags + s * c.tag_stride);
+  const uint2* t = reinterpret_cast<const uint2*>(c.tags(s));
   uint32_t m = 0;
   for (int w8 = 0; w8 < c.tag_stride / 8; ++w8) {
     const uint2 v = __ldg(t + w8);
@@ -96,21 +108,14 @@ __device__ __forceinline__ void add_block(unsigned long long* dst, unsigned long
   if (threadIdx.x == 0 && sum) atomicAdd(dst, sum);
 }
 
-// This call's epoch: block 0 advances the device counter and takes the value it had; the other
-// blocks read the counter (before or after that increment), so one call's stamps lie within
-// {e, e + 1}. Ages are taken as signed differences clamped at 0, which keeps that harmless.
-__device__ __forceinline__ uint32_t call_epoch(uint32_t* counter) {
-  __shared__ uint32_t e;
-  if (threadIdx.x == 0) e = blockIdx.x == 0 ? atomicAdd(counter, 1u) : *reinterpret_cast<volatile uint32_t*>(counter);
-  __syncthreads();
-  return e;
-}
+// The epoch (embedding_cache.h): lookups and update() stamp with the counter's value C, insert()
+// with C + 1, and a one-thread kernel after each insert() advances the counter by 2. No kernel
+// that reads the counter runs while it changes, so every block of a call sees the same value.
+__global__ void advance_epoch_kernel(uint32_t* counter) { *counter += 2u; }
 
-// 16-bit stamps: the age is the signed 16-bit difference, clamped at 0 (a stamp of e + 1 written
-// by the same call reads as age 0, not as the oldest).
-__device__ __forceinline__ int32_t age(uint32_t epoch, uint16_t stamp) {
-  const int32_t a = static_cast<int16_t>(static_cast<uint16_t>(epoch) - stamp);
-  return a < 0 ? 0 : a;
+// Ages modulo 2^16 (the unsigned 16-bit distance from the current epoch), as on the CPU.
+__device__ __forceinline__ uint32_t age(uint32_t epoch, uint16_t stamp) {
+  return static_cast<uint16_t>(static_cast<uint16_t>(epoch) - stamp);
 }
 
 // One group of G lanes per key. T is float4 (dim % 4 == 0, 16-byte aligned out) or float; each
@@ -124,15 +129,15 @@ constexpr int kSpec = 4;
 template <int G, int SPEC, typename T, bool TOUCH>
 __global__ void __launch_bounds__(kBlock) lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n,
                                                        float* __restrict__ out, uint8_t* __restrict__ flags,
-                                                       uint8_t hit_flag, uint32_t* epoch_counter,
+                                                       uint8_t hit_flag, const uint32_t* __restrict__ epoch_counter,
                                                        unsigned long long* counters) {
-  // This call's epoch: one thread advances the counter (a fire-and-forget reduction), and a hit
-  // reads the counter only when it stamps, so no block waits for it before its loads (one call's
-  // stamps lie within {e, e + 1}, as with call_epoch).
-  if (TOUCH && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(epoch_counter, 1u);
+  // The epoch does not change during a lookup: read it up front, beside the key.
+  const uint16_t epoch = TOUCH ? static_cast<uint16_t>(__ldg(epoch_counter)) : 0;
   const int lane = G == 1 ? 0 : static_cast<int>(threadIdx.x % G);
   const int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
   const int64_t cols = sizeof(T) == 16 ? c.dim / 4 : c.dim;  // elements of T per row
+  const int64_t rec = sizeof(T) == 16 ? c.rec / 4 : c.rec;    // ... per slot
+  const int64_t off = sizeof(T) == 16 ? c.row_off / 4 : c.row_off;
   unsigned long long hit = 0, seen = 0;
   if (i < n) {
     const int64_t key = __ldg(keys + i);
@@ -144,8 +149,9 @@ __global__ void __launch_bounds__(kBlock) lookup_kernel(Cache c, const int64_t* 
     while (cand) {
       const int64_t sl = s * c.ways + (__ffs(cand) - 1);
       cand &= cand - 1;
-      const int64_t k = __ldcs(c.keys + sl);
-      const T* src = reinterpret_cast<const T*>(c.values) + sl * cols;
+      const T* base = reinterpret_cast<const T*>(c.values) + sl * rec;
+      const int64_t k = off ? __ldcs(reinterpret_cast<const long long*>(base)) : __ldcs(c.keys + sl);
+      const T* src = base + off;
 #pragma unroll
       for (int v = 0; v < SPEC; ++v) {
         const int64_t j = lane + static_cast<int64_t>(v) * G;
@@ -163,13 +169,13 @@ __global__ void __launch_bounds__(kBlock) lookup_kernel(Cache c, const int64_t* 
         const int64_t j = lane + static_cast<int64_t>(v) * G;
         if (j < cols) __stcs(dst + j, x[v]);
       }
-      const T* src = reinterpret_cast<const T*>(c.values) + slot * cols;
+      const T* src = reinterpret_cast<const T*>(c.values) + slot * rec + off;
       for (int64_t j = lane + static_cast<int64_t>(SPEC) * G; j < cols; j += G) __stcs(dst + j, __ldcs(src + j));
       if (TOUCH && lane == 0) {
-        const uint16_t epoch = static_cast<uint16_t>(*reinterpret_cast<volatile uint32_t*>(epoch_counter));
-        // Read first, write only when it differs: an unconditional store was as fast on uniform keys
-        // and slower on Zipf keys (dim 16: 0.241 against 0.207 ms, H100), where hot rows repeat.
-        if (c.stamps[slot] != epoch) c.stamps[slot] = epoch;
+        // The stamp shares the 32-byte sector of the tags just read. Written only when it
+        // differs: between two insert() calls a row is stamped once, however often it is hit.
+        uint16_t* st = c.stamps(s) + (slot - s * c.ways);
+        if (*st != epoch) *st = epoch;
       }
     }
     if (lane == 0) {
@@ -199,8 +205,9 @@ __device__ __forceinline__ uint32_t lock_set(uint32_t* version) {
 template <int G, bool VEC4>
 __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* __restrict__ keys,
                                                         const float* __restrict__ values, int64_t n, int mode,
-                                                        uint32_t* epoch_counter, unsigned long long* counters) {
-  const uint32_t epoch = mode == kErase ? 0 : call_epoch(epoch_counter);
+                                                        const uint32_t* epoch_counter, unsigned long long* counters) {
+  // insert() stamps with C + 1 (the counter then advances by 2), update() with C, like a lookup.
+  const uint32_t epoch = mode == kErase ? 0 : *epoch_counter + (mode == kInsert ? 1u : 0u);
   auto tile = cg::tiled_partition<G>(cg::this_thread_block());
   const int lane = tile.thread_rank();
   const int64_t step = static_cast<int64_t>(gridDim.x) * (kBlock / G);
@@ -213,8 +220,8 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
     volatile int64_t* set_keys = reinterpret_cast<volatile int64_t*>(c.keys + s * c.ways);
     // Set metadata is read and written through volatile pointers: L1 is not coherent between
     // SMs, and another block may have changed the set since this SM last cached its line.
-    volatile uint16_t* stamps = reinterpret_cast<volatile uint16_t*>(c.stamps + s * c.ways);
-    volatile uint8_t* tags = reinterpret_cast<volatile uint8_t*>(c.tags + s * c.tag_stride);
+    volatile uint16_t* stamps = reinterpret_cast<volatile uint16_t*>(c.stamps(s));
+    volatile uint8_t* tags = reinterpret_cast<volatile uint8_t*>(c.meta + s * c.meta_stride);
     int way = -1, copy = 0;
     uint32_t held = 0;
     if (lane == 0) {
@@ -247,9 +254,9 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
           atomicAdd(counters + kCall + 1, 1ull);  // rows added (size)
         } else if (!c.is_static) {
           way = 0;
-          int32_t oldest = age(epoch, stamps[0]);
+          uint32_t oldest = age(epoch, stamps[0]);
           for (int w = 1; w < c.ways; ++w) {
-            const int32_t a = age(epoch, stamps[w]);
+            const uint32_t a = age(epoch, stamps[w]);
             if (a > oldest) {
               oldest = a;
               way = w;
@@ -261,7 +268,9 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
         }
         if (way >= 0) {
           set_keys[way] = key;
-          stamps[way] = static_cast<uint16_t>(epoch);
+          if (c.row_off)  // the copy the lookups compare, beside the row
+            *reinterpret_cast<volatile int64_t*>(c.values + (s * c.ways + way) * c.rec) = key;
+          if (!c.is_static) stamps[way] = static_cast<uint16_t>(epoch);  // static: no stamps kept
           tags[way] = static_cast<uint8_t>(tag_of(cache_mix64(static_cast<uint64_t>(key))));
           *occupied = occ | (1u << way);
           copy = 1;
@@ -276,11 +285,11 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
       const int64_t slot = s * c.ways + way;
       if (VEC4) {
         const int64_t d4 = c.dim / 4;
-        float4* dst = reinterpret_cast<float4*>(c.values) + slot * d4;
+        float4* dst = reinterpret_cast<float4*>(c.values + slot * c.rec + c.row_off);
         const float4* src = reinterpret_cast<const float4*>(values) + i * d4;
         for (int64_t j = lane; j < d4; j += G) dst[j] = src[j];
       } else {
-        float* dst = c.values + slot * c.dim;
+        float* dst = c.values + slot * c.rec + c.row_off;
         const float* src = values + i * c.dim;
         for (int64_t j = lane; j < c.dim; j += G) dst[j] = src[j];
       }
@@ -334,7 +343,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 template <int G, int SPEC>
 cudaError_t launch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_t n, float* out, uint8_t* flags,
-                          uint8_t hit_flag, uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
+                          uint8_t hit_flag, const uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
   const int64_t blocks = (n + kBlock / G - 1) / (kBlock / G);  // one group per key
   if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   const unsigned grid = static_cast<unsigned>(blocks);
@@ -349,7 +358,7 @@ cudaError_t launch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_
 }
 
 cudaError_t dispatch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_t n, float* out, uint8_t* flags,
-                            uint8_t hit_flag, uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
+                            uint8_t hit_flag, const uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
   const int64_t vecs = vec4 ? c.dim / 4 : c.dim;
   if (vec4 && vecs <= 4) return launch_lookup<4, 1>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
   if (!vec4 && vecs <= 16) return launch_lookup<16, 1>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
@@ -363,7 +372,7 @@ cudaError_t dispatch_lookup(const Cache& c, bool vec4, const int64_t* keys, int6
 
 template <int G>
 cudaError_t launch_write(const Cache& c, bool vec4, const int64_t* keys, const float* values, int64_t n, int mode,
-                         uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
+                         const uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
   const int grid = grid_for(n, G);
   if (vec4) write_kernel<G, true><<<grid, kBlock, 0, stream>>>(c, keys, values, n, mode, epoch, counters);
   else write_kernel<G, false><<<grid, kBlock, 0, stream>>>(c, keys, values, n, mode, epoch, counters);
@@ -380,16 +389,14 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
     EL_TRY(cudaGetDevice(&device_));
     EL_TRY(cudaMalloc(&headers_, sizeof(uint32_t) * 2 * num_sets_));
     EL_TRY(cudaMalloc(&keys_, sizeof(int64_t) * slots));
-    EL_TRY(cudaMalloc(&stamps_, sizeof(uint16_t) * slots));
-    EL_TRY(cudaMalloc(&tags_, static_cast<size_t>(num_sets_) * tag_stride()));
-    EL_TRY(cudaMalloc(&values_, sizeof(float) * slots * static_cast<size_t>(dim_)));
+    EL_TRY(cudaMalloc(&meta_, static_cast<size_t>(num_sets_) * meta_stride()));
+    EL_TRY(cudaMalloc(&values_, sizeof(float) * slots * static_cast<size_t>(rec())));
     EL_TRY(cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounterWords));
     EL_TRY(cudaMalloc(&epoch_, sizeof(uint32_t)));
     const uint32_t first_epoch = 1;
     EL_TRY(cudaMemcpy(epoch_, &first_epoch, sizeof(uint32_t), cudaMemcpyHostToDevice));
     EL_TRY(cudaMemset(headers_, 0, sizeof(uint32_t) * 2 * num_sets_));
-    EL_TRY(cudaMemset(stamps_, 0, sizeof(uint16_t) * slots));
-    EL_TRY(cudaMemset(tags_, 0, static_cast<size_t>(num_sets_) * tag_stride()));
+    EL_TRY(cudaMemset(meta_, 0, static_cast<size_t>(num_sets_) * meta_stride()));
     EL_TRY(cudaMemset(counters_, 0, sizeof(unsigned long long) * kNumCounterWords));
     return cudaDeviceSynchronize();
   };
@@ -399,8 +406,7 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
 EmbeddingCacheCuda::~EmbeddingCacheCuda() {
   cudaFree(headers_);
   cudaFree(keys_);
-  cudaFree(stamps_);
-  cudaFree(tags_);
+  cudaFree(meta_);
   cudaFree(values_);
   cudaFree(counters_);
   cudaFree(epoch_);
@@ -410,7 +416,7 @@ EmbeddingCacheCuda::~EmbeddingCacheCuda() {
 cudaError_t EmbeddingCacheCuda::lookup_mask(const int64_t* keys, int64_t n, float* out, uint8_t* hit_mask,
                                             cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  const Cache c{headers_, keys_, stamps_, tags_, values_, num_sets_, dim_, ways_, tag_stride(), static_};
+  const Cache c{headers_, keys_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
   return dispatch_lookup(c, vec4, keys, n, out, hit_mask, uint8_t{1}, epoch_, counters_, stream);
 }
@@ -435,7 +441,7 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
   int64_t* d_count = reinterpret_cast<int64_t*>(ws + flag_bytes);
   void* tmp = ws + flag_bytes + 256;
   size_t tmp_bytes = workspace_bytes - flag_bytes - 256;
-  const Cache c{headers_, keys_, stamps_, tags_, values_, num_sets_, dim_, ways_, tag_stride(), static_};
+  const Cache c{headers_, keys_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
   EL_TRY(dispatch_lookup(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream));
   EL_TRY(cub::DeviceSelect::Flagged(tmp, tmp_bytes, thrust::counting_iterator<int64_t>(0), flags, missing, d_count,
@@ -449,7 +455,7 @@ cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float
   if (count_host) *count_host = 0;
   if (n <= 0) return cudaSuccess;
   EL_TRY(cudaMemsetAsync(counters_ + kCall, 0, 2 * sizeof(unsigned long long), stream));
-  const Cache c{headers_, keys_, stamps_, tags_, values_, num_sets_, dim_, ways_, tag_stride(), static_};
+  const Cache c{headers_, keys_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
   const bool vec4 = values && dim_ % 4 == 0 && aligned16(values);
   const int g = mode == kErase ? 4 : lanes_for(vec4 ? dim_ / 4 : dim_);
   cudaError_t e;
@@ -460,6 +466,7 @@ cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float
     default: e = launch_write<32>(c, vec4, keys, values, n, mode, epoch_, counters_, stream); break;
   }
   EL_TRY(e);
+  if (mode == kInsert && !static_) EL_TRY(advance_epoch(stream));
   if (!count_host) return cudaSuccess;
   unsigned long long v = 0;
   EL_TRY(cudaMemcpyAsync(&v, counters_ + kCall, sizeof(v), cudaMemcpyDeviceToHost, stream));
@@ -480,8 +487,13 @@ cudaError_t EmbeddingCacheCuda::erase(const int64_t* keys, int64_t n, int64_t* r
   return write(kErase, keys, nullptr, n, removed_host, stream);  // erase takes no epoch (as on the CPU)
 }
 
+cudaError_t EmbeddingCacheCuda::advance_epoch(cudaStream_t stream) {
+  advance_epoch_kernel<<<1, 1, 0, stream>>>(epoch_);
+  return cudaGetLastError();
+}
+
 cudaError_t EmbeddingCacheCuda::clear(cudaStream_t stream) {
-  EL_TRY(cudaMemsetAsync(tags_, 0, static_cast<size_t>(num_sets_) * tag_stride(), stream));
+  EL_TRY(cudaMemsetAsync(meta_, 0, static_cast<size_t>(num_sets_) * meta_stride(), stream));
   return cudaMemsetAsync(headers_, 0, sizeof(uint32_t) * 2 * num_sets_, stream);
 }
 

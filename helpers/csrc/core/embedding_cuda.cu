@@ -10,6 +10,9 @@
 //     eight rows per warp. Keys are read by every lane of the group (one broadcast load), the
 //     key loop is unrolled by 4 so that four row loads are in flight before the first add,
 //     and outputs are written with streaming stores (they are not read again by this kernel).
+//     With as many keys as rows (one key per lookup, the latency-bound case) the row of key i
+//     is loaded before row i's offsets arrive (forward_one_key): key -> row, as in a plain
+//     gather, instead of offsets -> key -> row.
 //     All tables of a call share one launch: the blocks are split between tables by a prefix
 //     held in a __grid_constant__ parameter (no descriptor copy to the device, no workspace).
 //   * Backward (deterministic): CUB radix sort of (key, payload) pairs, stable, so each key's
@@ -70,6 +73,7 @@ struct FwdTable {
   float* out;
   int64_t dim;
   int64_t batch;
+  int32_t one_key;      // nnz == batch: most likely one key per row (forward_one_key)
   int64_t items;        // ceil(batch / R) * chunks
   int32_t block_begin;  // first block of this table in the launch
   int32_t lanes_log2;   // group size L = 1 << lanes_log2
@@ -158,6 +162,66 @@ __device__ __forceinline__ void forward_rows(const FwdTable& T, int64_t row0, in
   }
 }
 
+// As many keys as rows (nnz == batch), most likely one key per row: the row of keys[row] is
+// loaded before the offsets arrive and kept when offsets[row] == row and offsets[row + 1] ==
+// row + 1 (else the row's keys are read after all, one by one: same bits, only slower). The
+// chain is then key -> table row, with the offsets beside it, instead of offsets -> key -> row,
+// one dependent load fewer (the plain gather's chain). Same adds, in the same order, as
+// forward_rows: the same bits.
+template <int V, int R>
+__device__ __forceinline__ void forward_one_key(const FwdTable& T, int64_t row0, int64_t col) {
+  const int64_t dim = T.dim;
+  const float* __restrict__ tab = T.table + col;
+  Vec<V> x[R];
+  bool ok[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t k = row0 + r < T.batch ? __ldg(T.keys + row0 + r) : -1;  // nnz == batch
+    ok[r] = k >= 0;
+    x[r] = ok[r] ? vldg<V>(tab + k * dim) : vzero<V>();
+  }
+  bool single[R];  // offsets[row] == row and offsets[row + 1] == row + 1
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = row0 + r;
+    const bool in = row < T.batch;
+    const int64_t b0 = in ? __ldg(T.offsets + row) : -1, b1 = in ? __ldg(T.offsets + row + 1) : -1;
+    single[r] = (b0 == row) & (b1 == row + 1);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = row0 + r;
+    if (row >= T.batch) break;
+    Vec<V> acc = vzero<V>();
+    float wsum = 0.f;
+    if (single[r]) {
+      if (ok[r]) {
+        const float w = T.weights ? __ldg(T.weights + row) : 1.f;
+        vaxpy(acc, w, x[r]);
+        wsum = __fadd_rn(wsum, w);
+      }
+    } else {
+      const int64_t end = __ldg(T.offsets + row + 1);
+      for (int64_t j = __ldg(T.offsets + row); j < end; ++j) {
+        const int64_t k = __ldg(T.keys + j);
+        if (k < 0) continue;
+        const float w = T.weights ? __ldg(T.weights + j) : 1.f;
+        vaxpy(acc, w, vldg<V>(tab + k * dim));
+        wsum = __fadd_rn(wsum, w);
+      }
+    }
+    if (T.mean) {
+      if (wsum != 0.f) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc.v[i] = __fdiv_rn(acc.v[i], wsum);
+      } else {
+        acc = vzero<V>();
+      }
+    }
+    vstcs<V>(T.out + (row0 + r) * dim + col, acc);
+  }
+}
+
 // kMinBlocks: resident 256-thread blocks per SM the compiler must allow, i.e. a register cap
 // (8 -> 32 registers, full occupancy; 1 -> the compiler's choice). kRows: R above.
 // Chosen by set_cuda_forward_variant (the benchmark measures them all).
@@ -174,10 +238,14 @@ __global__ void __launch_bounds__(kBlock, kMinBlocks) forward_kernel(const __gri
   const int64_t chunk = T.chunks == 1 ? 0 : item % T.chunks;
   if (T.vec4) {
     const int64_t col = (chunk * (1 << lg) + lane) * 4;
-    if (col < T.dim) forward_rows<4, kRows, kUnroll>(T, rowgroup * kRows, col);
+    if (col >= T.dim) return;
+    if (kUnroll == 1 && T.one_key) forward_one_key<4, kRows>(T, rowgroup * kRows, col);
+    else forward_rows<4, kRows, kUnroll>(T, rowgroup * kRows, col);
   } else {
     const int64_t col = chunk * (1 << lg) + lane;
-    if (col < T.dim) forward_rows<1, kRows, kUnroll>(T, rowgroup * kRows, col);
+    if (col >= T.dim) return;
+    if (kUnroll == 1 && T.one_key) forward_one_key<1, kRows>(T, rowgroup * kRows, col);
+    else forward_rows<1, kRows, kUnroll>(T, rowgroup * kRows, col);
   }
 }
 
@@ -323,6 +391,7 @@ cudaError_t lookup_forward_cuda(const LookupArgs* tables, int num_tables, cudaSt
       T.out = a.out;
       T.dim = a.dim;
       T.batch = a.ids.batch;
+      T.one_key = a.ids.nnz == a.ids.batch;
       T.mean = a.combiner == Combiner::kMean;
       T.vec4 = a.dim % 4 == 0 && aligned16(a.table) && aligned16(a.out);
       const int64_t vecs = T.vec4 ? a.dim / 4 : a.dim;

@@ -197,6 +197,12 @@ class PyCudaEmbeddingCache {
     cuda_check("CudaEmbeddingCache.clear", cache_->clear(as_stream(stream)), "clear");
   }
 
+  void advance_epoch(uintptr_t stream) {
+    std::lock_guard<std::mutex> l(mu_);
+    make_current("CudaEmbeddingCache.advance_epoch");
+    cuda_check("CudaEmbeddingCache.advance_epoch", cache_->advance_epoch(as_stream(stream)), "advance_epoch");
+  }
+
   nb::dict stats(uintptr_t stream) {
     EmbeddingCacheStats s;
     {
@@ -253,6 +259,10 @@ EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
       .def("erase", [](PyCudaEmbeddingCache& c, const Arr& k, uintptr_t s) { return c.write("erase", 2, k, nullptr, s); },
            nb::arg("keys"), nb::arg("stream") = 0, "Removes present keys; returns the number removed.")
       .def("clear", &PyCudaEmbeddingCache::clear, nb::arg("stream") = 0)
+      .def("advance_epoch", &PyCudaEmbeddingCache::advance_epoch, nb::arg("stream") = 0,
+           "Advance the LRU clock as every insert() does (asynchronous, no rows change): later lookups\n"
+           "stamp their hits again. Between insert() calls a hit is stamped once; this lets a benchmark\n"
+           "time the hit path as it runs after each insert() of serving.")
       .def("size", &PyCudaEmbeddingCache::size, nb::arg("stream") = 0)
       .def("stats", &PyCudaEmbeddingCache::stats, nb::arg("stream") = 0)
       .def_prop_ro("capacity", [](const PyCudaEmbeddingCache& c) { return c.core().capacity(); })

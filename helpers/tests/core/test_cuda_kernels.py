@@ -122,6 +122,50 @@ def test_forward_empty_and_all_missing(rng):
     assert (got[1] == 0).all() and (got[2] == 0).all()
 
 
+def one_key_layouts(rng, batch):
+    """Row offsets with as many keys as rows (nnz == batch, the forward's one-key path): one key
+    per row, and layouts that only look like it (empty rows and two-key rows, all in the last)."""
+    lengths = np.ones(batch, np.int64)
+    pos = rng.permutation(batch)[: batch // 3]
+    lengths[pos[: len(pos) // 2]] = 0
+    lengths[pos[len(pos) // 2: 2 * (len(pos) // 2)]] = 2
+    last = np.zeros(batch, np.int64)
+    last[-1] = batch
+    return [np.concatenate([[0], np.cumsum(n)]).astype(np.int64) for n in (np.ones(batch, np.int64), lengths, last)]
+
+
+def test_forward_one_key_per_row_equals_cpu_and_every_variant(rng):
+    """As many keys as rows: the row of keys[i] is loaded before row i's offsets are known, and
+    kept only if row i holds exactly that key. Same bits as the CPU and as the variants that
+    unroll keys (which never take that path), weighted or not, sum and mean, with missing keys."""
+    batch = 301
+    default = tuple(core._cuda_forward_variant())
+    variants = [(0, 0, 0), (1, 4, 1), (1, 1, 8), (2, 1, 8), (2, 2, 4), (4, 1, 4)]
+    for dim in [1, 4, 16, 33, 128]:
+        table = rng.standard_normal((1000, dim)).astype(np.float32)
+        for o in one_key_layouts(rng, batch):
+            assert o[-1] == batch
+            k = rng.integers(0, 1000, size=batch).astype(np.int64)
+            w = rng.uniform(0.1, 2, size=batch).astype(np.float32)
+            for comb in ["sum", "mean"]:
+                for weights in [None, [w]]:
+                    got = cuda_forward([table], [o], [k], weights, [comb])[0]
+                    cpu = np.zeros((batch, dim), np.float32)
+                    core.lookup_forward([table], [o], [k], weights, [comb], [cpu])
+                    np.testing.assert_array_equal(got, cpu, err_msg=f"dim {dim} {comb} weighted={weights is not None}")
+            km = k.copy()
+            km[rng.permutation(batch)[:20]] = -1  # missing keys: skipped, as in the other path
+            try:
+                res = []
+                for v in variants:
+                    core._set_cuda_forward_variant(*v)
+                    res.append(cuda_forward([table], [o], [km], [w], ["mean"], check=False)[0])
+            finally:
+                core._set_cuda_forward_variant(*default)
+            for v, r in zip(variants, res):
+                assert np.isfinite(r).all() and r.tobytes() == res[1].tobytes(), f"variant {v} dim {dim}"
+
+
 def test_forward_rejects_bad_keys_and_changes_nothing(rng):
     table = rng.standard_normal((100, 8)).astype(np.float32)
     offsets = np.array([0, 2, 4], np.int64)

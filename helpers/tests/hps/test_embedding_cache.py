@@ -2,7 +2,8 @@
 
 The oracle is a pure-Python model of the same set-associative cache: the same key -> set hash,
 the same way choice (lowest free way, else the way with the oldest access epoch, lowest way on a
-tie) and the same epochs (one per dynamic lookup / insert / update call). After every call the
+tie) and the same epochs (lookups and update() stamp with the epoch C, insert() with C + 1 and then
+advances C by 2: LRU at the granularity of insert() calls). After every call the
 cache must agree with the model exactly: which positions miss, and the bits of every row it
 returns, on fresh random keys (negative and huge ones too) with duplicates in each batch. Rows
 not found must be left untouched (outputs are poisoned with NaN first).
@@ -51,9 +52,9 @@ class CacheModel:
         self.sets = [[None] * ways for _ in range(num_sets)]
         self.epoch = 1
 
-    def _next_epoch(self):
-        e = self.epoch
-        self.epoch = (self.epoch + 1) & M32
+    def _insert_epoch(self):
+        e = (self.epoch + 1) & M32
+        self.epoch = (self.epoch + 2) & M32
         return e
 
     def _find(self, key):
@@ -67,7 +68,7 @@ class CacheModel:
         out = np.full((len(keys), dim), np.nan, np.float32)
         if len(keys) == 0:
             return out, np.zeros(0, np.int64)
-        e = None if self.static else self._next_epoch()
+        e = None if self.static else self.epoch
         missing = []
         for i, k in enumerate(keys.tolist()):
             s, w = self._find(k)
@@ -80,7 +81,9 @@ class CacheModel:
         return out, np.array(missing, np.int64)
 
     def insert(self, keys, values):
-        e = self._next_epoch()
+        if len(keys) == 0:
+            return 0, 0, 0
+        e = self._insert_epoch()
         stored = rejected = evicted = 0
         for i, k in enumerate(keys.tolist()):
             s, w = self._find(k)
@@ -104,7 +107,7 @@ class CacheModel:
         return stored, evicted, rejected
 
     def update(self, keys, values):
-        e = self._next_epoch()
+        e = self.epoch
         present = 0
         for i, k in enumerate(keys.tolist()):
             s, w = self._find(k)
@@ -205,6 +208,60 @@ def test_lookup_returns_last_value_of_duplicates_and_touches_lru(rng):
     got = np.empty((5, dim), np.float32)
     missing = cache.lookup(np.array([10, 11, 12, 13, 14], np.int64), got)
     np.testing.assert_array_equal(missing, [2])
+
+
+def lru_scenario_1(insert, missing):
+    """An eviction sequence on a cache of one set of 4 ways (embedding_cache.h, Eviction):
+    insert(keys) and missing(keys) -> miss positions run the cache's calls; returns the final
+    miss positions (LRU_EXPECTED_1). Also run on the GPU (test_embedding_cache_cuda.py)."""
+    # Touches between two insert() calls count as simultaneous and repeated lookups age
+    #    nothing: 12 is looked up before 10 and again five times, yet when the two tie as the
+    #    oldest, the lowest way (10's, way 0) goes, where an LRU by lookup call would drop 12.
+    for k in [10, 11, 12, 13]:  # one insert each: ways 0..3, 10 oldest
+        insert([k])
+    missing([12])
+    missing([10])
+    for _ in range(5):
+        missing([12])
+    insert([14])  # evicts 11 (untouched since its insert)
+    insert([15])  # evicts 13
+    insert([16])  # 10 and 12 tie as the oldest: evicts 10 (the lowest way)
+    return missing([10, 11, 12, 13, 14, 15, 16])
+
+
+LRU_EXPECTED_1 = [0, 1, 3]
+
+
+def lru_scenario_2(insert, missing):
+    """A row stored by insert() is newer than every row touched before that call and older than
+    every row touched after it."""
+    insert([10, 11, 12, 13])  # one call: all four tie
+    missing([11])
+    insert([14])  # evicts 10 (lowest of the untouched ties)
+    missing([13])
+    insert([15])  # evicts 12 (untouched); then come 11 (touched before 14 was stored), 14, 13
+    insert([16])  # evicts 11: 14, stored after 11's touch, is newer
+    return missing([10, 11, 12, 13, 14, 15, 16])
+
+
+LRU_EXPECTED_2 = [0, 1, 2]
+
+
+def test_lru_clock_advances_per_insert_only():
+    dim = 4
+    for scenario, expected in [(lru_scenario_1, LRU_EXPECTED_1), (lru_scenario_2, LRU_EXPECTED_2)]:
+        cache = core.EmbeddingCache(4, dim, ways=4)
+        assert cache.num_sets == 1
+
+        def insert(keys):
+            k = np.array(keys, np.int64)
+            cache.insert(k, np.tile(k[:, None].astype(np.float32), (1, dim)))
+
+        def missing(keys):
+            out = np.full((len(keys), dim), np.nan, np.float32)
+            return cache.lookup(np.array(keys, np.int64), out).tolist()
+
+        assert scenario(insert, missing) == expected
 
 
 def test_static_cache_fills_free_ways_only_and_is_read_only(rng):

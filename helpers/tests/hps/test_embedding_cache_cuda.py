@@ -134,6 +134,51 @@ def test_lru_across_calls_keeps_the_touched_keys():
     assert hit[0] and hit[4] and hit[5] and not hit[1] and hit.sum() == 4
 
 
+def gpu_lru_calls(gpu, dim=4):
+    def insert(keys):
+        k = np.array(keys, np.int64)
+        gpu.insert(DEV.put(k), DEV.put(np.tile(k[:, None].astype(np.float32), (1, dim))), stream=DEV.stream())
+
+    def missing(keys):
+        return np.flatnonzero(~gpu_lookup(gpu, np.array(keys, np.int64))[1]).tolist()
+
+    return insert, missing
+
+
+def test_lru_clock_advances_per_insert_only():
+    """The eviction order of embedding_cache.h, the same sequences as the CPU cache's test (where
+    the expected outcomes are explained): touches between two insert() calls tie, repeated lookups
+    age nothing, rows stored by insert() are newer than earlier touches and older than later ones."""
+    from test_embedding_cache import LRU_EXPECTED_1, LRU_EXPECTED_2, lru_scenario_1, lru_scenario_2
+
+    global UNIVERSE
+    UNIVERSE = None
+    for scenario, expected in [(lru_scenario_1, LRU_EXPECTED_1), (lru_scenario_2, LRU_EXPECTED_2)]:
+        gpu = core.CudaEmbeddingCache(4, 4, ways=4)
+        assert gpu.num_sets == 1
+        assert scenario(*gpu_lru_calls(gpu)) == expected
+
+
+def test_advance_epoch_orders_lookups_like_an_insert():
+    """advance_epoch() moves the clock as insert() does: a hit after it is newer than one before."""
+    global UNIVERSE
+    UNIVERSE = None
+    results = []
+    for advance in [False, True]:
+        gpu = core.CudaEmbeddingCache(4, 4, ways=4)
+        insert, missing = gpu_lru_calls(gpu)
+        insert([10, 11, 12, 13])  # one call: all four tie
+        missing([12])
+        if advance:
+            gpu.advance_epoch(stream=DEV.stream())
+        missing([10])
+        insert([14])  # evicts 11
+        insert([15])  # evicts 13
+        insert([16])  # 10 and 12: a tie without the advance (10, the lower way, goes), else 12 is older
+        results.append(missing([10, 11, 12, 13, 14, 15, 16]))
+    assert results == [[0, 1, 3], [1, 2, 3]]
+
+
 def test_static_cache(rng):
     dim = 16
     universe = make_universe(rng, 4000)
