@@ -298,8 +298,8 @@ def run_size(n, a, core, tf, rng):
 
 def main():
     a = parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    import embedlab
+    tf = embedlab.import_tensorflow()   # without TensorFlow's C++ start-up banner; TF_CPP_MIN_LOG_LEVEL=2 unless set
     from embedlab import _native
     core = _native.core()
     rng = np.random.default_rng(a.seed)
