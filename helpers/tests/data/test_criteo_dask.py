@@ -87,9 +87,13 @@ def test_byte_ranges_own_every_line_once(tmp_path, rng):
         data = b"".join(lines) + tail
         p.write_bytes(data)
         want = data.splitlines(keepends=True)
-        for size in [1, 2, 3, 7, 31, 64, 1000, len(data)]:
-            urls, chunks = criteo_dask._plan(str(p), size)
+        for size, workers in [(1, 1), (2, 1), (3, 2), (7, 1), (31, 3), (64, 2), (1000, 1),
+                              (1000, 3), (len(data), 2)]:
+            urls, chunks = criteo_dask._plan(str(p), size, workers)
             assert isinstance(chunks[0].fs, LocalFileSystem)
+            lengths = [ch.end - ch.start for ch in chunks]
+            assert max(lengths) <= size and max(lengths) - min(lengths) <= 1, (size, workers)
+            assert len(chunks) == 1 or len(chunks) % workers == 0, (size, workers)
             got = []
             for ch in chunks:
                 n = criteo_dask._count_task(ch)

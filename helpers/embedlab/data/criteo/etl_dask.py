@@ -1,8 +1,10 @@
 """The Criteo ETL of `criteo.preprocess` on a `dask.distributed` cluster, with identical output.
 
 `criteo.preprocess(src, dst, client=...)` lands here (see its docstring for the recipe). The
-work is cut into chunks: byte ranges of `chunk_bytes` of each input file (a chunk owns the
-lines that start inside its range; a `.gz` file is one chunk, gzip cannot be entered midway).
+work is cut into chunks: byte ranges of at most `chunk_bytes` of each input file, of equal size
+within a file and, for a file of more than one chunk, a multiple of the number of workers (a
+chunk owns the lines that start inside its range; a `.gz` file is one chunk, gzip cannot be
+entered midway).
 Every chunk is one task per pass, run on the workers:
 
 - count: the lines of each chunk, so every chunk knows the global line number of its first
@@ -287,24 +289,44 @@ def _dashboard(client) -> str | None:
 # Chunks: planning and reading (run on the workers)
 # --------------------------------------------------------------------------------------
 
-def _plan(src, chunk_bytes: int) -> tuple[list, list]:
+def _plan(src, chunk_bytes: int, workers: int = 1) -> tuple[list, list]:
+    """The input URLs and their chunks: `_files` cut by `_cut`."""
+    files = _files(src)
+    return [f[0] for f in files], _cut(files, chunk_bytes, workers)
+
+
+def _files(src) -> list:
+    """(url, fs, path, size, gz) of every input file, in order; checks that each exists."""
     from fsspec.core import url_to_fs
     urls = [os.fspath(src)] if isinstance(src, (str, os.PathLike)) else [os.fspath(s) for s in src]
     if not urls:
         raise ValueError("no Criteo input files given")
-    chunks, sizes = [], []
-    for f, url in enumerate(urls):
+    files = []
+    for url in urls:
         fs, path = url_to_fs(url)
         if not fs.isfile(path):
             raise FileNotFoundError(f"Criteo file {url} does not exist (or is not a file)")
-        size = int(fs.size(path))
-        sizes.append(size)
-        gz = path.endswith(".gz")
-        ranges = [(0, size)] if gz else [(s, min(s + chunk_bytes, size))
-                                          for s in range(0, size, chunk_bytes)]
+        files.append((url, fs, path, int(fs.size(path)), path.endswith(".gz")))
+    return files
+
+
+def _cut(files, chunk_bytes: int, workers: int = 1) -> list:
+    """Chunks of at most `chunk_bytes`, of equal size within a file. A file of more than one
+    chunk is cut into a multiple of `workers` chunks, so that every worker gets as many and
+    none waits alone for a last, odd chunk at the end of a pass. A `.gz` file is one chunk."""
+    chunks = []
+    for f, (url, fs, path, size, gz) in enumerate(files):
+        if gz:
+            ranges = [(0, size)]
+        else:
+            n = max(1, -(-size // chunk_bytes))
+            if n > 1 and workers > 1:
+                n = -(-n // workers) * workers
+            cuts = sorted({size * k // n for k in range(n + 1)})     # equal to within a byte
+            ranges = list(zip(cuts[:-1], cuts[1:]))                  # none for an empty file
         for start, end in ranges:
             chunks.append(_Chunk(len(chunks), f, fs, path, url, start, end, size, gz))
-    return urls, chunks
+    return chunks
 
 
 def _count_task(chunk: _Chunk) -> int:
@@ -437,6 +459,11 @@ def _lookups(vocab):
         return _LOOKUPS["lookups"]
 
 
+def _warm_task(vocab) -> None:
+    for lookup in _lookups(vocab):        # pandas builds an Index's hash table on first use
+        lookup.get_indexer(lookup[:1])
+
+
 # --------------------------------------------------------------------------------------
 # Pass 2: encode and write
 # --------------------------------------------------------------------------------------
@@ -486,8 +513,9 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
 
     See the module docstring for how the work is cut and what "identical" covers, and
     `criteo.preprocess` for the recipe and the arguments. Here `src` and `dst` may also be
-    fsspec URLs, every worker must reach them under the same names, and `chunk_bytes` is the
-    input of one task. `fan_in` is the number of per-chunk results one merge task combines.
+    fsspec URLs, every worker must reach them under the same names, and `chunk_bytes` bounds the
+    input of one task (a file is cut into equal chunks, a multiple of the number of workers).
+    `fan_in` is the number of per-chunk results one merge task combines.
 
     With `progress`, prints the Dask dashboard address when one runs, and shows one bar for
     the line count and one for each pass.
@@ -507,12 +535,14 @@ def preprocess(src, dst, *, normalize_dense: bool = True, feature_cross: bool = 
     if fan_in < 2:
         raise ValueError(f"fan_in must be >= 2, got {fan_in}")
     from fsspec.core import url_to_fs
-    urls, chunks = _plan(src, int(chunk_bytes))
+    files = _files(src)
+    urls = [f[0] for f in files]
     out_fs, out_path = url_to_fs(os.fspath(dst))
     out_path = out_path.rstrip("/")
     local_out = "file" in _protocols(out_fs)
     with resolve_client(client) as c:
         t0 = time.perf_counter()
+        chunks = _cut(files, int(chunk_bytes), len(c.scheduler_info()["workers"]))
         link = _dashboard(c)
         if progress and link:
             print(f"Dask dashboard: {link}", flush=True)
@@ -592,8 +622,8 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
         return tqdm(total=total_bytes, unit="B", unit_scale=True, desc=desc,
                     disable=not progress, leave=False)
 
-    def submit(fn, *args, key):
-        f = c.submit(fn, *args, key=f"{key}-{run}", pure=False)
+    def submit(fn, *args, key, **kw):
+        f = c.submit(fn, *args, key=f"{key}-{run}", pure=False, **kw)
         futures.append(f)
         return f
 
@@ -662,6 +692,12 @@ def _run(c, urls, chunks, out_fs, tmp, run, futures, tqdm, progress, *, normaliz
         level += 1
     vocab = submit(_vocab_task, layer[0], freq_threshold, key="etl-vocab")
     summary = _gather(c, [submit(_vocab_summary, vocab, key="etl-vocab-summary")], chunks_of)[0]
+    # Every worker fetches the vocabularies and builds its lookups now, while no worker is busy.
+    # Left to the first pass-2 task, a worker fetched them from one busy encoding its own chunk
+    # (whose event loop shares the GIL with that work) and sat idle ~1 s (4M lines, 2 workers).
+    _gather(c, [submit(_warm_task, vocab, key=f"etl-warm-{i}", workers=[w],
+                       allow_other_workers=True)
+                for i, w in enumerate(c.scheduler_info()["workers"])], chunks_of)
     # Drop the per-chunk statistics and the merge tree: the cluster frees them (Dask keeps
     # their recipe, to recompute the vocabularies if every copy of them is lost).
     del stats, layer, errs
