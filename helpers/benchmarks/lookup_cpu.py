@@ -46,8 +46,10 @@ CPU wheel, `--peers only` skips the TensorFlow-vs-TensorFlow block): torch.nn.Em
 against EmbedLab's framework-free core and its TensorFlow op, all on the very same tables (NumPy
 buffers on 2 MiB huge pages, or 4 KiB with `--peer-pages 4k`, that torch wraps without a copy),
 forward and train step, interleaved in one process; see `run_peers`. torch's OpenMP threads spin
-after each call by default and slow what runs next in the process; `OMP_WAIT_POLICY=PASSIVE`
-in the environment makes them sleep (RESULTS.md reports both).
+for milliseconds after each call by default and would slow what runs next in the process, so
+each timed call of the peers block comes after untimed calls of its own case lasting twice the
+longest such spin measured in the run (`--peer-lead-ms`); `OMP_WAIT_POLICY=PASSIVE` in the
+environment makes torch's threads sleep at once (RESULTS.md reports both).
 
 Prints a table with ratios and writes JSON (default
 helpers/benchmarks/results/lookup_cpu_<machine>_<date>.json; see _results.py).
