@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 __all__ = ["PluginConfig", "init", "current", "split_cpu", "distributed_owner", "localized_device",
-           "slot_offsets", "shard_keys", "local_rows"]
+           "slot_offsets", "shard_keys", "device_keys", "local_rows"]
 
 
 @dataclass(frozen=True)
@@ -152,22 +152,31 @@ def shard_keys(vocabulary_size: int, n: int, embedding_type: str, slot_size_arra
         >>> [k.tolist() for k in shard_keys(5, 2, "localized", [2, 1, 2])]
         [[0, 1, 3, 4], [2]]
     """
+    return [device_keys(i, vocabulary_size, n, embedding_type, slot_size_array) for i in range(n)]
+
+
+def device_keys(i: int, vocabulary_size: int, n: int, embedding_type: str, slot_size_array=None) -> np.ndarray:
+    """The global keys device `i` of `n` holds, in local-row order: ``shard_keys(...)[i]``, built
+    without the other devices' keys.
+
+    Example:
+        >>> device_keys(1, 5, 2, "distributed").tolist()
+        [1, 3]
+    """
     V = int(vocabulary_size)
     if n == 1:
-        return [np.arange(V, dtype=np.int64)]
+        return np.arange(V, dtype=np.int64)
     if embedding_type == "distributed":
         # The keys k with distributed_owner(k, n) == (i, row), row = 0, 1, ...
-        return [np.arange(i, V, n, dtype=np.int64) for i in range(n)]
+        return np.arange(i, V, n, dtype=np.int64)
     if slot_size_array is None:
-        return [np.arange(V, dtype=np.int64) for _ in range(n)]
+        return np.arange(V, dtype=np.int64)
     offsets = slot_offsets(slot_size_array)
-    plan = []
-    for j in range(n):
-        slots = [s for s in range(len(slot_size_array)) if localized_device(s, n) == j]
-        plan.append(np.concatenate([np.arange(offsets[s], offsets[s] + slot_size_array[s], dtype=np.int64)
-                                    for s in slots]) if slots
-                    else np.zeros([0], np.int64))
-    return plan
+    slots = [s for s in range(len(slot_size_array)) if localized_device(s, n) == i]
+    if not slots:
+        return np.zeros([0], np.int64)
+    return np.concatenate([np.arange(offsets[s], offsets[s] + slot_size_array[s], dtype=np.int64)
+                           for s in slots])
 
 
 def local_rows(i: int, n: int, keys, embedding_type: str, slot=None, slot_size_array=None):

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from ..plugin.placement import distributed_owner, shard_keys
+from ..plugin.placement import device_keys, distributed_owner
 from . import _context
 
 __all__ = ["Variable", "parse_mode", "is_sok_variable"]
@@ -41,7 +41,7 @@ def parse_mode(mode: str, world: int) -> tuple[str, int]:
 
 def shard_rows(global_rows: int, rank: int, world: int) -> int:
     """Rows of worker `rank`'s shard of a distributed table (row i lives on rank i % world): the
-    size of `plugin.placement.shard_keys(global_rows, world, "distributed")[rank]`, without building it.
+    size of `plugin.placement.device_keys(rank, global_rows, world, "distributed")`, without building it.
 
     Rows 0..global_rows-1 fill the ranks in whole rounds of `world` rows; row `global_rows` would
     be local row `rounds` of rank `next_owner`, so the ranks before that one hold one row more.
@@ -112,7 +112,7 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
                 raise ValueError(f"embedlab.sok.Variable {name!r}: the table must be [rows, dim], got shape {full.shape}")
             global_shape = [int(full.shape[0]), int(full.shape[1])]
             if kind == "distributed":
-                part = full[shard_keys(global_shape[0], ctx.world_size, "distributed")[ctx.rank]]
+                part = full[device_keys(ctx.rank, global_shape[0], ctx.world_size, "distributed")]
             else:
                 part = full if ctx.rank == target else full[:0]
             part = np.ascontiguousarray(part).astype(dtype.as_numpy_dtype)
@@ -152,7 +152,7 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
     def global_rows_of_shard(self) -> np.ndarray:
         """The global row ids of this shard's rows, in order."""
         if self.kind == "distributed":
-            return shard_keys(self.global_shape[0], self.num_workers, "distributed")[self.rank]
+            return device_keys(self.rank, self.global_shape[0], self.num_workers, "distributed")
         return np.arange(self.shape[0], dtype=np.int64)
 
     def __repr__(self):
