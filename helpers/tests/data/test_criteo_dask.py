@@ -5,7 +5,10 @@ and two workers started from the command line (`dask scheduler`, `dask worker`),
 starts them on several machines. A worker killed mid-run (SIGKILL to its process) is retried
 by Dask with identical output; with retries switched off the run fails naming the chunk and
 leaves nothing behind. The per-part Norm conversion (`criteo_dask.parquet_to_norm`) writes the
-single-process `formats.parquet_to_norm` files byte for byte on 1 and 2 workers.
+single-process `formats.parquet_to_norm` files byte for byte on 1 and 2 workers, and a worker
+killed mid-conversion is handled the same two ways (rerun, byte-identical; or, without retries,
+an error naming the part and nothing left). The kills go through `kill_worker_during`
+(conftest.py).
 """
 from __future__ import annotations
 
