@@ -24,8 +24,10 @@
 // stamp is written only when it differs: between two insert() calls a row is stamped at most
 // once, however often it is hit. insert() of an absent key takes a free way of its set or, when
 // the set is full, evicts the way with the smallest stamp (ties: the lowest way): the way touched
-// least recently, where all touches between two insert() calls count as simultaneous. Only
-// insert() evicts, so a finer clock would order nothing more between the evictions it decides.
+// least recently, where all touches between two insert() calls count as simultaneous. (A clock
+// advanced by every call would also order the touches between two insert() calls among
+// themselves; this one breaks those ties by the lowest way, and in exchange a hit writes its
+// stamp once per insert() interval, not once per lookup().)
 // (Stamps are the epoch's low 16 bits and ages are taken modulo 2^16, on the CPU and the GPU
 // alike: a row untouched for more than 32,767 insert() calls may look younger than it is, an
 // approximation in the spirit of CLOCK.)
