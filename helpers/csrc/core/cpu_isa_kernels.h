@@ -37,6 +37,29 @@ inline std::string str(int64_t v) { return std::to_string(v); }
 }  // namespace
 }  // namespace embedlab
 
+// EMBEDLAB_CPU_ISA_KERNELS(Table, kName), in each kernel file's baseline-copy section (inside
+// namespace embedlab): declares the other copies' tables `<isa>::kName` of type Table and defines
+// kernels(), the copy this process runs (table_for_cpu_isa, kept in a function-local static
+// reference: one load and an indirect call per kernel call).
+#if defined(EMBEDLAB_CPU_HAVE_AVX2)
+#define EMBEDLAB_CPU_ISA_DECLARE_AVX2(Table, kName) \
+  namespace avx2 {                                  \
+  extern const Table kName;                         \
+  }
+#define EMBEDLAB_CPU_ISA_AVX2_TABLE(kName) (&avx2::kName)
+#else
+#define EMBEDLAB_CPU_ISA_DECLARE_AVX2(Table, kName)
+#define EMBEDLAB_CPU_ISA_AVX2_TABLE(kName) nullptr
+#endif
+#define EMBEDLAB_CPU_ISA_KERNELS(Table, kName)                                                      \
+  EMBEDLAB_CPU_ISA_DECLARE_AVX2(Table, kName)                                                       \
+  namespace {                                                                                       \
+  const Table& kernels() {                                                                          \
+    static const Table& k = table_for_cpu_isa<Table>(baseline::kName, EMBEDLAB_CPU_ISA_AVX2_TABLE(kName)); \
+    return k;                                                                                       \
+  }                                                                                                 \
+  }
+
 #if defined(EMBEDLAB_ISA_AVX2)
 #if !defined(__GNUC__) || defined(__clang__)
 #error "the AVX2 kernels are compiled with GCC's #pragma GCC target (CMakeLists.txt builds them with GCC only)"

@@ -133,22 +133,7 @@ extern const CsrKernels kCsrKernels = {&sort_runs};
 #if EMBEDLAB_ISA_BASELINE_COPY
 namespace embedlab {
 
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-namespace avx2 {
-extern const CsrKernels kCsrKernels;
-}
-#endif
-
-namespace {
-const CsrKernels& kernels() {
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-  static const CsrKernels& k = table_for_cpu_isa(baseline::kCsrKernels, &avx2::kCsrKernels);
-#else
-  static const CsrKernels& k = baseline::kCsrKernels;
-#endif
-  return k;
-}
-}  // namespace
+EMBEDLAB_CPU_ISA_KERNELS(CsrKernels, kCsrKernels)
 
 std::string coo_row_offsets_cpu(const int64_t* row_index, int64_t nnz, int64_t batch, int64_t* row_offsets,
                                 bool* in_order, int64_t stride) {

@@ -471,22 +471,7 @@ extern const EmbeddingKernels kEmbeddingKernels = {&lookup_forward, &lookup_forw
 #if EMBEDLAB_ISA_BASELINE_COPY
 namespace embedlab {
 
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-namespace avx2 {
-extern const EmbeddingKernels kEmbeddingKernels;
-}
-#endif
-
-namespace {
-const EmbeddingKernels& kernels() {
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-  static const EmbeddingKernels& k = table_for_cpu_isa(baseline::kEmbeddingKernels, &avx2::kEmbeddingKernels);
-#else
-  static const EmbeddingKernels& k = baseline::kEmbeddingKernels;
-#endif
-  return k;
-}
-}  // namespace
+EMBEDLAB_CPU_ISA_KERNELS(EmbeddingKernels, kEmbeddingKernels)
 
 bool parse_combiner(const std::string& name, Combiner* out) {
   if (name == "sum") { *out = Combiner::kSum; return true; }

@@ -286,23 +286,7 @@ extern const SparseOptimizerKernels kSparseOptimizerKernels = {
 #if EMBEDLAB_ISA_BASELINE_COPY
 namespace embedlab {
 
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-namespace avx2 {
-extern const SparseOptimizerKernels kSparseOptimizerKernels;
-}
-#endif
-
-namespace {
-const SparseOptimizerKernels& kernels() {
-#if defined(EMBEDLAB_CPU_HAVE_AVX2)
-  static const SparseOptimizerKernels& k =
-      table_for_cpu_isa(baseline::kSparseOptimizerKernels, &avx2::kSparseOptimizerKernels);
-#else
-  static const SparseOptimizerKernels& k = baseline::kSparseOptimizerKernels;
-#endif
-  return k;
-}
-}  // namespace
+EMBEDLAB_CPU_ISA_KERNELS(SparseOptimizerKernels, kSparseOptimizerKernels)
 
 bool strictly_increasing(const int64_t* indices, int64_t n) {
   for (int64_t i = 1; i < n; ++i)
