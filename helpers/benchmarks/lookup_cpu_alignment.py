@@ -12,6 +12,9 @@ Two parts, one process each (every part holds two copies of 26 tables of 1M x di
   (``embed_lab_fused_resource_lookup`` on those variables). Reports where each variable's buffer
   starts (mod 4096) and, per case, every thread's CPU time and run-queue wait per step
   (``/proc/self/task/*/schedstat``; the caller's includes its Python work and the sampling).
+* ``--part variables``: the op in graph on ordinary ``tf.Variable``s (TensorFlow's allocator) and
+  on variables built from the 2 MiB-aligned NumPy buffers through DLPack (``tf.Variable`` adopts
+  such a tensor's buffer: no copy, checked), with the core on those NumPy buffers.
 
 Each timed call comes after ``--lead-ms`` of untimed calls of the same case (as lookup_cpu.py's
 peers block); median of ``--repeats``. Writes results/lookup_cpu_alignment_<machine>_<date>.json.
@@ -38,7 +41,7 @@ import lookup_cpu as lc  # noqa: E402
 
 def _parse():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=["offset", "tf"], required=True)
+    p.add_argument("--part", choices=["offset", "tf", "variables"], required=True)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--tables", type=int, default=26)
     p.add_argument("--rows", type=int, default=1_000_000)
@@ -186,21 +189,34 @@ def main():
         res["tf_table_addr_mod_4096"] = [_address(x) % 4096 for x in tf_arrays]
         raw = [([tf.constant(o) for o in b[0]], [tf.constant(k) for k in b[1]]) for b in batches]
 
-        @tf.function
-        def graph():
-            dep = tf.constant(0.0)
-            for b in range(K):
-                with tf.control_dependencies([dep]):
-                    out = lib.embed_lab_fused_resource_lookup([v.handle for v in tables], raw[b][0], raw[b][1], [],
-                                                              combiners=comb)
-                with tf.control_dependencies(out):
-                    dep = tf.identity(dep)
-            return dep
+        def graph_on(tabs):
+            @tf.function
+            def graph():
+                dep = tf.constant(0.0)
+                for b in range(K):
+                    with tf.control_dependencies([dep]):
+                        out = lib.embed_lab_fused_resource_lookup([v.handle for v in tabs], raw[b][0], raw[b][1], [],
+                                                                  combiners=comb)
+                    with tf.control_dependencies(out):
+                        dep = tf.identity(dep)
+                return dep
+            return lambda: memoryview(graph())
 
-        got = lib.embed_lab_fused_resource_lookup([v.handle for v in tables], raw[0][0], raw[0][1], [], combiners=comb)
-        res["bits_equal"] = [g.numpy().tobytes() for g in got] == ref and first_outputs(tf_arrays) == ref
-        cases = {"core_numpy_ms": (core_on(arrays), 1), "core_tf_variables_ms": (core_on(tf_arrays), 1),
-                 "graph_tf_variables_ms": (lambda: memoryview(graph()), K)}
+        def op_outputs(tabs):
+            got = lib.embed_lab_fused_resource_lookup([v.handle for v in tabs], raw[0][0], raw[0][1], [],
+                                                      combiners=comb)
+            return [g.numpy().tobytes() for g in got]
+
+        if a.part == "tf":
+            res["bits_equal"] = op_outputs(tables) == ref and first_outputs(tf_arrays) == ref
+            cases = {"core_numpy_ms": (core_on(arrays), 1), "core_tf_variables_ms": (core_on(tf_arrays), 1),
+                     "graph_tf_variables_ms": (graph_on(tables), K)}
+        else:
+            aligned = [tf.Variable(tf.experimental.dlpack.from_dlpack(x.__dlpack__())) for x in arrays]
+            res["aligned_variables_adopt_numpy"] = all(_address(view(v)) == _address(x) for v, x in zip(aligned, arrays))
+            res["bits_equal"] = op_outputs(tables) == ref and op_outputs(aligned) == ref
+            cases = {"core_numpy_ms": (core_on(arrays), 1), "graph_tf_variables_ms": (graph_on(tables), K),
+                     "graph_aligned_variables_ms": (graph_on(aligned), K)}
         med, mins, threads = _time(cases, a.repeats, a.lead_ms)
         huge = {"numpy": lc._huge_kb(arrays), "tf_variables": lc._huge_kb(tf_arrays)}  # after the op advised them
         res["tf_inter_op_threads"] = tf.config.threading.get_inter_op_parallelism_threads()
