@@ -1,7 +1,7 @@
 """Where a table's buffer starts, and what that costs EmbedLab's CPU forward (issue 26: the op in a
 tf.function ran 25-35 % slower than the framework-free core on the same tables' values).
 
-Two parts, one process each (every part holds two copies of 26 tables of 1M x dim fp32):
+Three parts, one process each (every part holds two copies of 26 tables of 1M x dim fp32):
 
 * ``--part offset``: the framework-free core's forward (``lookup_forward``, 2 threads) on two
   NumPy copies of the same tables, both on 2 MiB transparent huge pages: one starting at its
