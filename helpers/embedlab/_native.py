@@ -7,9 +7,9 @@ Two libraries sit next to this file after `pip install --no-build-isolation ./he
 * ``_embedlab_core``: a framework-free Python module over NumPy / DLPack arrays (``core()``),
   the same kernels for callers without TensorFlow (benchmarks, GPU checks, servers).
 
-Both hold the CPU kernels once per instruction set of the build (baseline and AVX2 on x86-64)
-and run the best one this CPU supports, chosen when they load (``cpu_isa()``;
-``EMBEDLAB_CPU_ISA_RUNTIME=baseline`` forces the baseline ones, which give the same bits).
+Both hold the CPU kernels once per instruction set of the build (baseline, AVX2 and AVX-512 on
+x86-64) and run the best one this CPU supports, chosen when they load (``cpu_isa()``;
+``EMBEDLAB_CPU_ISA_RUNTIME=baseline`` or ``avx2`` forces a narrower copy, which gives the same bits).
 
 There is never a fallback to a built-in TensorFlow op: if the library is missing, you get an
 error with the command that builds it.
@@ -56,7 +56,7 @@ def build_info() -> dict:
         (why the CUDA kernels were or were not built, e.g. "AUTO: skipped, no GPU visible and
         TensorFlow is a CPU build"), ``cuda_version``, ``cuda_architectures``,
         ``cpu_isas_built`` (the instruction sets the CPU kernels were compiled for:
-        ``["baseline", "avx2"]`` on x86-64, ``["baseline"]`` with ``EMBEDLAB_CPU_ISA=BASELINE``),
+        ``["baseline", "avx2", "avx512"]`` on x86-64, ``["baseline"]`` with ``EMBEDLAB_CPU_ISA=BASELINE``),
         ``cpu_isa_option`` (``EMBEDLAB_CPU_ISA`` at build time), ``cpu_isa`` (the one this
         process runs, see ``cpu_isa()``), ``compiler``, ``build_type``, and
         ``tensorflow_runtime`` (the TensorFlow imported now, or None).
@@ -82,8 +82,13 @@ def build_info() -> dict:
 
 # The instruction sets the CPU kernels can be compiled for (csrc/core/cpu_isa.h), and the
 # variable that picks one at load time.
-_ISAS = ("baseline", "avx2")
+_ISAS = ("baseline", "avx2", "avx512")
 ISA_ENV = "EMBEDLAB_CPU_ISA_RUNTIME"
+# The /proc/cpuinfo flags each copy needs (Linux lists AVX-512 only where the OS saves its
+# registers), and how errors name them.
+_ISA_FLAGS = {"baseline": frozenset(), "avx2": frozenset({"avx2"}),
+              "avx512": frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})}
+_ISA_NAMES = {"avx2": "AVX2", "avx512": "AVX-512 F/BW/DQ/VL"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,18 +115,19 @@ def _isas_built(info: dict) -> list:
 
 def check_cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None = None) -> str:
     """Checks ``EMBEDLAB_CPU_ISA_RUNTIME`` before a native library loads; returns what it asks
-    for: ``"auto"``, ``"baseline"`` or ``"avx2"``.
+    for: ``"auto"``, ``"baseline"``, ``"avx2"`` or ``"avx512"``.
 
-    The libraries themselves never fail on it (they run the best kernels the CPU supports
-    unless it says ``baseline``), so a value they would not honour must be refused here.
+    The libraries themselves never fail on it (they run the best kernels the CPU supports,
+    capped at ``baseline`` or ``avx2`` when it says so), so a value they would not honour must be
+    refused here.
 
     Args:
         info, flags, env: the build info, this CPU's /proc/cpuinfo flags and the environment,
             for tests; None reads the real ones.
 
     Raises:
-        NativeLibraryError: the value is not auto, baseline or avx2 (exactly; unset or empty
-            means auto), or asks for kernels that were not built or that this CPU cannot run.
+        NativeLibraryError: the value is not auto, baseline, avx2 or avx512 (exactly; unset or
+            empty means auto), or asks for kernels that were not built or that this CPU cannot run.
     """
     info = _info_file() if info is None else info
     env = os.environ if env is None else env
@@ -129,27 +135,29 @@ def check_cpu_isa(info: dict | None = None, flags: set | None = None, env: dict 
     raw = env.get(ISA_ENV, "")
     want = raw or "auto"
     if want not in ("auto",) + _ISAS:
-        raise NativeLibraryError(f"{ISA_ENV} must be auto, baseline or avx2 (or unset), got {raw!r}")
+        raise NativeLibraryError(f"{ISA_ENV} must be auto, baseline, avx2 or avx512 (or unset), got {raw!r}")
     if want != "auto" and want not in built:
         raise NativeLibraryError(
             f"{ISA_ENV}={raw} but EmbedLab's CPU kernels were built for {', '.join(built)} only "
             f"(EMBEDLAB_CPU_ISA={info.get('cpu_isa_option')}); unset {ISA_ENV}, or rebuild them with "
             f"EMBEDLAB_CPU_ISA=AUTO: {_REBUILD}")
     flags = _cpu_flags() if flags is None else flags
-    if want == "avx2" and flags is not None and "avx2" not in flags:
-        raise NativeLibraryError(f"{ISA_ENV}=avx2 but this CPU has no AVX2; unset it (or set it to baseline)")
+    if want in _ISA_NAMES and flags is not None and not _ISA_FLAGS[want] <= flags:
+        raise NativeLibraryError(f"{ISA_ENV}={want} but this CPU has no {_ISA_NAMES[want]}; unset it "
+                                 f"(or set it to a narrower one: baseline, avx2)")
     return want
 
 
 def cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None = None) -> str:
-    """The instruction set of the CPU kernels in this process: ``"baseline"`` or ``"avx2"``.
+    """The instruction set of the CPU kernels in this process: ``"baseline"``, ``"avx2"`` or
+    ``"avx512"``.
 
     The native libraries hold one copy of the kernels per instruction set they were built for
     (``build_info()["cpu_isas_built"]``) and run the best one this CPU supports, chosen once
     when they load. ``EMBEDLAB_CPU_ISA_RUNTIME``, read at that moment (so set it before the
     first EmbedLab op or ``core()`` call), overrides the choice: ``auto`` (or unset) chooses,
-    ``baseline`` forces the baseline kernels, ``avx2`` requires the AVX2 ones. Every copy gives
-    the same bits (floats are never contracted into FMAs): forcing one changes only speed.
+    ``baseline``, ``avx2`` or ``avx512`` requires that copy. Every copy gives the same bits
+    (floats are never contracted into FMAs, nor reordered): forcing one changes only speed.
 
     Args:
         info, flags, env: as for ``check_cpu_isa``.
@@ -159,7 +167,7 @@ def cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None
 
     Example:
         >>> from embedlab import _native
-        >>> _native.cpu_isa(info={"cpu_isas_built": "baseline,avx2"}, flags={"sse2"}, env={})
+        >>> _native.cpu_isa(info={"cpu_isas_built": "baseline,avx2,avx512"}, flags={"sse2"}, env={})
         'baseline'
     """
     if info is None and flags is None and env is None:
@@ -170,12 +178,13 @@ def cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None
     want = check_cpu_isa(info, flags, env)
     if want != "auto":
         return want
-    if "avx2" not in _isas_built(info):
+    built = _isas_built(info)
+    if built == ["baseline"]:
         return "baseline"
     flags = _cpu_flags() if flags is None else flags
     if flags is None:  # no /proc/cpuinfo: the library asks the CPU itself (CPUID)
         return core().cpu_isa
-    return "avx2" if "avx2" in flags else "baseline"
+    return [isa for isa in built if _ISA_FLAGS[isa] <= flags][-1]
 
 
 def loaded_cpu_isas() -> dict:

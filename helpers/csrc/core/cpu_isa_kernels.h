@@ -1,11 +1,12 @@
 // What the kernel files compiled once per instruction set (embedding_cpu.cc,
 // sparse_optimizer_cpu.cc, csr_cpu.cc; cpu_isa.h says how a copy is chosen) share. Include it
-// LAST, after every other #include: in the AVX2 copy (EMBEDLAB_ISA_AVX2) it opens the AVX2 target
-// for the rest of the file. Everything here and after it lives in namespace
-// embedlab::EMBEDLAB_ISA_NS (baseline or avx2), so the copies never share a symbol.
+// LAST, after every other #include: in the AVX2 copy (EMBEDLAB_ISA_AVX2) it opens the AVX2 target,
+// in the AVX-512 copy (EMBEDLAB_ISA_AVX512) the AVX-512 F/BW/DQ/VL one, for the rest of the file.
+// Everything here and after it lives in namespace embedlab::EMBEDLAB_ISA_NS (baseline, avx2 or
+// avx512), so the copies never share a symbol.
 //
-// The AVX2 copy is compiled under `#pragma GCC target("avx2")`, opened after the last #include,
-// rather than with -mavx2: only the functions defined in the kernel files become AVX2 code. The inline
+// The AVX2 copy is compiled under `#pragma GCC target("avx2")` (the AVX-512 one likewise), opened
+// after the last #include, rather than with -mavx2: only the functions defined in the kernel files become AVX2 code. The inline
 // functions and templates of the headers (std::vector, std::function, ...) keep the baseline
 // target wherever they are emitted out of line; the linker keeps one copy of each for the whole
 // library, and with -mavx2 that copy could be an AVX2 one that a baseline caller then runs on a
@@ -51,13 +52,25 @@ inline std::string str(int64_t v) { return std::to_string(v); }
 #define EMBEDLAB_CPU_ISA_DECLARE_AVX2(Table, kName)
 #define EMBEDLAB_CPU_ISA_AVX2_TABLE(kName) nullptr
 #endif
-#define EMBEDLAB_CPU_ISA_KERNELS(Table, kName)                                                      \
-  EMBEDLAB_CPU_ISA_DECLARE_AVX2(Table, kName)                                                       \
-  namespace {                                                                                       \
-  const Table& kernels() {                                                                          \
-    static const Table& k = table_for_cpu_isa<Table>(baseline::kName, EMBEDLAB_CPU_ISA_AVX2_TABLE(kName)); \
-    return k;                                                                                       \
-  }                                                                                                 \
+#if defined(EMBEDLAB_CPU_HAVE_AVX512)
+#define EMBEDLAB_CPU_ISA_DECLARE_AVX512(Table, kName) \
+  namespace avx512 {                                  \
+  extern const Table kName;                           \
+  }
+#define EMBEDLAB_CPU_ISA_AVX512_TABLE(kName) (&avx512::kName)
+#else
+#define EMBEDLAB_CPU_ISA_DECLARE_AVX512(Table, kName)
+#define EMBEDLAB_CPU_ISA_AVX512_TABLE(kName) nullptr
+#endif
+#define EMBEDLAB_CPU_ISA_KERNELS(Table, kName)                                                             \
+  EMBEDLAB_CPU_ISA_DECLARE_AVX2(Table, kName)                                                              \
+  EMBEDLAB_CPU_ISA_DECLARE_AVX512(Table, kName)                                                            \
+  namespace {                                                                                              \
+  const Table& kernels() {                                                                                 \
+    static const Table& k = table_for_cpu_isa<Table>(baseline::kName, EMBEDLAB_CPU_ISA_AVX2_TABLE(kName),  \
+                                                     EMBEDLAB_CPU_ISA_AVX512_TABLE(kName));                \
+    return k;                                                                                              \
+  }                                                                                                        \
   }
 
 #if defined(EMBEDLAB_ISA_AVX2)
@@ -68,6 +81,16 @@ inline std::string str(int64_t v) { return std::to_string(v); }
 #define EMBEDLAB_ISA_BASELINE_COPY 0
 #pragma GCC push_options
 #pragma GCC target("avx2")
+#elif defined(EMBEDLAB_ISA_AVX512)
+#if !defined(__GNUC__) || defined(__clang__)
+#error "the AVX-512 kernels are compiled with GCC's #pragma GCC target (CMakeLists.txt builds them with GCC only)"
+#endif
+#define EMBEDLAB_ISA_NS avx512
+#define EMBEDLAB_ISA_BASELINE_COPY 0
+#pragma GCC push_options
+// 512-bit vectors for the loops GCC vectorizes itself too (by default it prefers 256 bits with
+// AVX-512, to keep older Intel cores from lowering their clock).
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512")
 #else
 #define EMBEDLAB_ISA_NS baseline
 #define EMBEDLAB_ISA_BASELINE_COPY 1

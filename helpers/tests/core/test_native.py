@@ -60,22 +60,23 @@ def test_build_info_says_why_cuda_was_or_was_not_built():
 
 
 def test_build_info_names_the_cpu_instruction_sets():
-    """AUTO builds the baseline and, on x86-64, the AVX2 kernels; a process runs AVX2 exactly when
-    this CPU has it (unless EMBEDLAB_CPU_ISA_RUNTIME says otherwise), and both libraries report
-    the instruction set that build_info() names."""
+    """AUTO builds the baseline and, on x86-64, the AVX2 and AVX-512 kernels; a process runs the
+    widest copy this CPU has (unless EMBEDLAB_CPU_ISA_RUNTIME says otherwise), and both libraries
+    report the instruction set that build_info() names."""
     import platform
     info = _native.build_info()
     built = info["cpu_isas_built"]
-    assert built[0] == "baseline" and set(built) <= {"baseline", "avx2"}, built
+    assert built[0] == "baseline" and set(built) <= {"baseline", "avx2", "avx512"}, built
     assert info["cpu_isa_option"] in ("AUTO", "BASELINE")
     if info["cpu_isa_option"] == "BASELINE":
         assert built == ["baseline"]
     elif platform.machine() in ("x86_64", "AMD64"):
-        assert built == ["baseline", "avx2"]
+        assert built == ["baseline", "avx2", "avx512"]
     flags = _native._cpu_flags()
     request = os.environ.get(_native.ISA_ENV, "") or "auto"
     if request == "auto" and flags is not None:
-        assert info["cpu_isa"] == ("avx2" if "avx2" in built and "avx2" in flags else "baseline"), info
+        runs = [isa for isa in built if _native._ISA_FLAGS[isa] <= flags]
+        assert info["cpu_isa"] == runs[-1], (info, runs)
     _native.core()
     _native.tf_ops()
     loaded = _native.loaded_cpu_isas()
@@ -88,7 +89,9 @@ def test_cpu_isa_choice_and_its_errors():
     """The choice (best supported unless EMBEDLAB_CPU_ISA_RUNTIME says otherwise), and a clear
     error, before any library loads, for a value the libraries would not honour."""
     both, base = {"cpu_isas_built": "baseline,avx2"}, {"cpu_isas_built": "baseline", "cpu_isa_option": "BASELINE"}
+    every = {"cpu_isas_built": "baseline,avx2,avx512"}
     old_cpu, new_cpu = frozenset({"sse2", "avx"}), frozenset({"sse2", "avx", "avx2"})
+    wide_cpu = new_cpu | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
     isa = _native.cpu_isa
     assert isa(both, old_cpu, {}) == "baseline"
     assert isa(both, new_cpu, {}) == "avx2"
@@ -97,14 +100,27 @@ def test_cpu_isa_choice_and_its_errors():
     assert isa(both, new_cpu, {_native.ISA_ENV: "baseline"}) == "baseline"
     assert isa(both, new_cpu, {_native.ISA_ENV: "avx2"}) == "avx2"
     assert isa(base, new_cpu, {}) == "baseline"
+    assert isa(every, old_cpu, {}) == "baseline"
+    assert isa(every, new_cpu, {}) == "avx2"
+    assert isa(every, new_cpu | {"avx512f", "avx512vl"}, {}) == "avx2"  # F and VL alone are not enough
+    assert isa(every, wide_cpu, {}) == "avx512"
+    assert isa(every, wide_cpu, {_native.ISA_ENV: "avx512"}) == "avx512"
+    assert isa(every, wide_cpu, {_native.ISA_ENV: "avx2"}) == "avx2"
+    assert isa(every, wide_cpu, {_native.ISA_ENV: "baseline"}) == "baseline"
+    assert isa(both, wide_cpu, {}) == "avx2"
     with pytest.raises(_native.NativeLibraryError, match="EMBEDLAB_CPU_ISA_RUNTIME=avx2 but this CPU has no AVX2"):
         isa(both, old_cpu, {_native.ISA_ENV: "avx2"})
+    with pytest.raises(_native.NativeLibraryError,
+                       match="EMBEDLAB_CPU_ISA_RUNTIME=avx512 but this CPU has no AVX-512 F/BW/DQ/VL"):
+        isa(every, new_cpu | {"avx512f"}, {_native.ISA_ENV: "avx512"})
     with pytest.raises(_native.NativeLibraryError, match=r"built for baseline only \(EMBEDLAB_CPU_ISA=BASELINE\).*"
                                                          r"EMBEDLAB_CPU_ISA=AUTO.*make setup"):
         isa(base, new_cpu, {_native.ISA_ENV: "avx2"})
-    for bad in ("Baseline", "sse2", " avx2", "avx512"):
-        with pytest.raises(_native.NativeLibraryError, match="must be auto, baseline or avx2"):
-            isa(both, new_cpu, {_native.ISA_ENV: bad})
+    with pytest.raises(_native.NativeLibraryError, match=r"built for baseline, avx2 only"):
+        isa(both, wide_cpu, {_native.ISA_ENV: "avx512"})
+    for bad in ("Baseline", "sse2", " avx2", "AVX512", "avx512f"):
+        with pytest.raises(_native.NativeLibraryError, match="must be auto, baseline, avx2 or avx512"):
+            isa(every, wide_cpu, {_native.ISA_ENV: bad})
     with pytest.raises(_native.NativeLibraryError, match="names no CPU kernels this version knows.*make setup"):
         isa({"cpu_isa": "avx2"}, new_cpu, {})  # build info of another version: rebuild
 
@@ -127,14 +143,14 @@ def test_a_bad_cpu_isa_request_stops_the_libraries_from_loading():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert sum(line.startswith("ERR") and "must be auto, baseline or avx2" in line for line in lines) == 2, out.stdout
+    assert sum(line.startswith("ERR") and "must be auto, baseline, avx2 or avx512" in line for line in lines) == 2, out.stdout
     assert "IMPORTED []" in out.stdout, out.stdout
 
 
 def _isa_workload(seed: int, out_path: str) -> None:
     """Lookups, backward passes and optimizer steps through both libraries, with a fixed seed;
     writes every result (and which kernels each library ran) to out_path (.npz). Run in a fresh
-    process per instruction set by test_baseline_and_avx2_kernels_give_the_same_bits."""
+    process per instruction set by test_every_built_copy_gives_the_baseline_bits."""
     import tensorflow as tf
     from embedlab import ops
     from embedlab import optimizers as eopt
@@ -231,21 +247,23 @@ def _isa_workload(seed: int, out_path: str) -> None:
     np.savez(out_path, _isa_core=np.array(loaded["core"]), _isa_tf_ops=np.array(loaded["tf_ops"]), **res)
 
 
-def test_baseline_and_avx2_kernels_give_the_same_bits(rng, tmp_path):
+def test_every_built_copy_gives_the_baseline_bits(rng, tmp_path):
     """The same lookups, backward passes and optimizer steps (both libraries, every unrolled
-    width, sum and mean, weights, duplicates, -1 padding) in a process that runs the AVX2
-    kernels and in one forced onto the baseline (EMBEDLAB_CPU_ISA_RUNTIME=baseline) give the
-    same bits: no FMA contraction, no reassociation in the vector code."""
+    width, sum and mean, weights, duplicates, -1 padding) in a process forced onto each built copy
+    of the kernels that this CPU runs (EMBEDLAB_CPU_ISA_RUNTIME=avx2, avx512) and in one forced
+    onto the baseline give the same bits: no FMA contraction, no reassociation in the vector code."""
     info = _native.build_info()
     flags = _native._cpu_flags()
-    if "avx2" not in info["cpu_isas_built"]:
+    wide = [isa for isa in info["cpu_isas_built"] if isa != "baseline"]
+    if not wide:
         pytest.skip(f"only {info['cpu_isas_built']} kernels were built (EMBEDLAB_CPU_ISA={info['cpu_isa_option']})")
-    if flags is not None and "avx2" not in flags:
-        pytest.skip("this CPU has no AVX2: the AVX2 kernels cannot run here")
+    runnable = [isa for isa in wide if flags is None or _native._ISA_FLAGS[isa] <= flags]
+    if not runnable:
+        pytest.skip(f"this CPU runs none of the {wide} kernels")
     seed = int(rng.integers(2**31))
     here = os.path.dirname(os.path.abspath(__file__))
     results = {}
-    for isa in ("avx2", "baseline"):
+    for isa in runnable + ["baseline"]:
         env = dict(os.environ, EMBEDLAB_CPU_ISA_RUNTIME=isa, TF_CPP_MIN_LOG_LEVEL="3")
         env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in sys.path if p])
         path = tmp_path / f"{isa}.npz"
@@ -255,15 +273,18 @@ def test_baseline_and_avx2_kernels_give_the_same_bits(rng, tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         with np.load(path) as z:
             results[isa] = {k: z[k] for k in z.files}
-    a, b = results["avx2"], results["baseline"]
-    assert (str(a.pop("_isa_core")), str(a.pop("_isa_tf_ops"))) == ("avx2", "avx2")
-    assert (str(b.pop("_isa_core")), str(b.pop("_isa_tf_ops"))) == ("baseline", "baseline")
-    assert a.keys() == b.keys() and len(a) > 400, len(a)
-    differ = [k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
-    assert not differ, f"{len(differ)} of {len(a)} results differ between AVX2 and baseline, e.g. {differ[:5]}"
-    floats = [k for k in a if a[k].dtype == np.float32 and a[k].size]
-    assert sum(bool(np.any(a[k] != 0)) for k in floats) > 0.9 * len(floats)  # the results hold values
-    print(f"{len(a)} results, {sum(x.size for x in a.values()):,} values: the same bits with AVX2 and baseline")
+        got = results[isa]
+        assert (str(got.pop("_isa_core")), str(got.pop("_isa_tf_ops"))) == (isa, isa)
+    b = results["baseline"]
+    assert len(b) > 400, len(b)
+    floats = [k for k in b if b[k].dtype == np.float32 and b[k].size]
+    assert sum(bool(np.any(b[k] != 0)) for k in floats) > 0.9 * len(floats)  # the results hold values
+    for isa in runnable:
+        a = results[isa]
+        assert a.keys() == b.keys(), isa
+        differ = [k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
+        assert not differ, f"{len(differ)} of {len(a)} results differ between {isa} and baseline, e.g. {differ[:5]}"
+    print(f"{len(b)} results, {sum(x.size for x in b.values()):,} values: the same bits with {runnable} and baseline")
 
 
 def test_op_library_refuses_another_tensorflow(tmp_path):
