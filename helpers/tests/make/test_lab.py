@@ -238,7 +238,7 @@ def test_docker_images_use_make_lab_and_leave_host_outputs_out():
         # Exec form (make is PID 1, no shell); the address is LAB_IP: a second --ip stops Jupyter.
         assert cmds == ['["make", "lab", "LAB_IP=0.0.0.0"]'], (name, cmds)
         assert "--ip" not in (ROOT / "docker" / name).read_text(), name
-        # The CPU kernels of the default build (baseline + AVX2, chosen at load time) run on any
+        # The CPU kernels of the default build (baseline, AVX2 and AVX-512, chosen at load time) run on any
         # x86-64 CPU; make docker-test checks the built image's.
         assert "EMBEDLAB_CPU_ISA" not in (ROOT / "docker" / name).read_text().replace("EMBEDLAB_CPU_ISA=AUTO", ""), name
         for i, a in ins:
