@@ -87,6 +87,21 @@ struct FwdBatch {
   int32_t num_tables;
 };
 
+// One output row's columns [col, col + V): the pooled sum, divided by the weight sum for "mean"
+// (an empty row, or one of padding only, gives zeros), written with a streaming store.
+template <int V>
+__device__ __forceinline__ void store_pooled(const FwdTable& T, int64_t row, int64_t col, Vec<V> acc, float wsum) {
+  if (T.mean) {
+    if (wsum != 0.f) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc.v[i] = __fdiv_rn(acc.v[i], wsum);
+    } else {
+      acc = vzero<V>();
+    }
+  }
+  vstcs<V>(T.out + row * T.dim + col, acc);
+}
+
 // R consecutive output rows per group, in lockstep, U key steps unrolled: R * U table-row loads
 // in flight per thread. With one key per lookup the chain offsets -> key -> row is latency-
 // bound, so R > 1 is what puts more bytes in flight; with many keys per lookup U > 1 does.
@@ -150,15 +165,7 @@ __device__ __forceinline__ void forward_rows(const FwdTable& T, int64_t row0, in
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (row0 + r >= T.batch) break;
-    if (T.mean) {
-      if (wsum[r] != 0.f) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) acc[r].v[i] = __fdiv_rn(acc[r].v[i], wsum[r]);
-      } else {
-        acc[r] = vzero<V>();
-      }
-    }
-    vstcs<V>(T.out + (row0 + r) * dim + col, acc[r]);
+    store_pooled<V>(T, row0 + r, col, acc[r], wsum[r]);
   }
 }
 
@@ -210,15 +217,7 @@ __device__ __forceinline__ void forward_one_key(const FwdTable& T, int64_t row0,
         wsum = __fadd_rn(wsum, w);
       }
     }
-    if (T.mean) {
-      if (wsum != 0.f) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) acc.v[i] = __fdiv_rn(acc.v[i], wsum);
-      } else {
-        acc = vzero<V>();
-      }
-    }
-    vstcs<V>(T.out + (row0 + r) * dim + col, acc);
+    store_pooled<V>(T, row, col, acc, wsum);
   }
 }
 
