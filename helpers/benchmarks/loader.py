@@ -89,7 +89,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     import psutil
-    import tensorflow as tf
+    import embedlab
+    tf = embedlab.import_tensorflow()
 
     root = args.data_dir or config.data_path("bench_loader", "x").parent
     root.mkdir(parents=True, exist_ok=True)

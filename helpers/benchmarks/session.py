@@ -105,7 +105,8 @@ def throughput(work, rows, batch, hidden_list, lr=1e-3, freq_threshold=6, repeat
 def step_breakdown(work, rows, batch, hidden, freq_threshold=6):
     """Per iteration: waiting for the reader (parse + translate run in its thread), building the
     step's inputs, and the compiled step itself (forward, backward, updates)."""
-    import tensorflow as tf
+    import embedlab
+    tf = embedlab.import_tensorflow()
     from embedlab.session import Session, solver_parser_helper
     from embedlab.tutorials import session_lab as lab
     meta = lab.prepare_wdl_data(work / "data", rows, n_lists=5, freq_threshold=freq_threshold)
@@ -229,8 +230,8 @@ def main():
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
     a = ap.parse_args()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    import embedlab
+    tf = embedlab.import_tensorflow()
     work = Path(tempfile.mkdtemp(prefix="embedlab-session-bench-"))
     res = {"machine": cpu_machine(), "cpus": os.cpu_count(), "platform": platform.platform(),
            "tensorflow": tf.__version__, "date": dt.datetime.utcnow().isoformat(timespec="seconds") + "Z",

@@ -76,7 +76,8 @@ def load_avg():
 
 def run_local(args):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    import embedlab
+    tf = embedlab.import_tensorflow()
     import keras
     import embedlab.sok as sok
     import embedlab.optimizers as eo
@@ -131,7 +132,8 @@ def run_local(args):
 def run_worker(args):
     """One worker of `--mode workers`; rank 0 prints and writes the JSON (path in args.json)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    import embedlab
+    tf = embedlab.import_tensorflow()
     import embedlab.sok as sok
     import embedlab.optimizers as eo
     from embedlab import ops
