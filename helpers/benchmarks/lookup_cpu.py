@@ -185,7 +185,8 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     T, B = a.tables, a.batch
     print(f"[dim {dim}] creating {T} tables of {a.rows:,} x {dim} "
           f"({T * a.rows * dim * 4 / 2**30:.2f} GiB)...", flush=True)
-    tables = [tf.Variable(tf.random.uniform([a.rows, dim], -0.05, 0.05, seed=a.seed + t),
+    from embedlab import _tables  # built as EmbedLab builds its layers' tables: 2 MiB-aligned, huge pages
+    tables = [tf.Variable(_tables.aligned(tf.random.uniform([a.rows, dim], -0.05, 0.05, seed=a.seed + t)),
                           name=f"table_{t}") for t in range(T)]
     perm = rng.permutation(a.rows).astype(np.int64) if a.keys == "zipf" else None
     K = a.steps_per_call
@@ -604,7 +605,12 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
     with_tf = avail is None or need < avail
     if with_tf:
         print(f"[dim {dim}] peers: TensorFlow variables with the same values (a second copy)...", flush=True)
-        tables = [tf.Variable(x) for x in arrays]
+        # Built as EmbedLab builds its layers' tables (embedlab._tables.aligned: each its own
+        # 2 MiB-aligned mapping on huge pages; EMBEDLAB_ALIGNED_TABLES=0 leaves them in TensorFlow's
+        # allocator's buffers, 64 bytes into a page, as before that existed).
+        from embedlab import _tables
+        tables = [tf.Variable(_tables.aligned(x)) for x in arrays]
+        addr_created = [_tables.address(v) for v in tables]
         rg = [[tf.RaggedTensor.from_row_splits(tf.constant(k), tf.constant(o), validate=False)
                for o, k in zip(b[0], b[1])] for b in batches]
         sgd = eopt.SGD(learning_rate=0.01)
@@ -670,6 +676,7 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
           f"calls of its own{f' and a {a.peer_gap_ms:g} ms sleep' if a.peer_gap_ms else ''})...", flush=True)
     med, mins = _interleaved_ms(cases, a.warmup, a.repeats, lead_ms=lead, gap_ms=a.peer_gap_ms)
     if with_tf:
+        addr_timed = [_tables.address(v) for v in tables]  # the lookups move a misplaced table once
         # The TensorFlow copies' huge pages, as the timed calls had them (the op advises its tables
         # on their second sighting): the process's AnonHugePages beyond the NumPy tables' (an upper
         # bound: other huge-page-backed allocations of the process count too).
@@ -693,6 +700,10 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
     if with_tf:
         res["peer_fwd_bits_equal_tf_core"] = same_bits_tf
         res["peer_tf_table_huge_kib"] = tf_huge_kb
+        res["peer_aligned_tables"] = os.environ.get("EMBEDLAB_ALIGNED_TABLES", "on")
+        res["peer_tf_table_addr_mod_4096_created"] = [x % 4096 for x in addr_created]
+        res["peer_tf_table_addr_mod_4096"] = [x % 4096 for x in addr_timed]
+        res["peer_tf_table_addr_mod_2mib"] = [x % (2 << 20) for x in addr_timed]
         res["peer_fwd_ratio_graph"] = med["peer_fwd_torch_ms"] / med["peer_fwd_graph_ms"]
         res["peer_step_ratio_graph"] = med["peer_step_torch_ms"] / med["peer_step_graph_ms"]
         res["peer_core_over_graph_fwd"] = med["peer_fwd_core_ms"] / med["peer_fwd_graph_ms"]

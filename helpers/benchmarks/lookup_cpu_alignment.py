@@ -9,7 +9,10 @@ Three parts, one process each (every part holds two copies of 26 tables of 1M x 
   large buffers start, see below). Interleaved, same keys, same pool.
 * ``--part tf``: the core on the NumPy copies, the core on the ``tf.Variable``s' own buffers (a
   zero-copy DLPack view), and the op in a ``tf.function`` of ``--steps`` chained steps
-  (``embed_lab_fused_resource_lookup`` on those variables). Reports where each variable's buffer
+  (``embed_lab_fused_resource_lookup`` on those variables). The variables are built as EmbedLab
+  builds its tables (``--variables embedlab``, the default: ``embedlab._tables.aligned``, each a
+  2 MiB-aligned mapping on huge pages) or by ``tf.Variable(array)`` (``--variables tensorflow``:
+  TensorFlow's allocator, 64 bytes into a page). Reports where each variable's buffer
   starts (mod 4096) and, per case, every thread's CPU time and run-queue wait per step
   (``/proc/self/task/*/schedstat``; the caller's includes its Python work and the sampling).
 * ``--part variables``: the op in graph on ordinary ``tf.Variable``s (TensorFlow's allocator) and
@@ -47,6 +50,9 @@ def _parse():
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--steps", type=int, default=8, help="op steps per tf.function call (--part tf)")
+    p.add_argument("--variables", choices=["embedlab", "tensorflow"], default="embedlab",
+                   help="--part tf: the variables built as EmbedLab builds its tables (embedlab._tables.aligned: "
+                        "2 MiB-aligned, huge pages) or as tf.Variable(array) builds them (TensorFlow's allocator)")
     p.add_argument("--offset", type=int, default=64, help="bytes into the mapping (--part offset); a multiple of 4")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--lead-ms", type=float, default=15.0)
@@ -169,7 +175,12 @@ def main():
     else:
         import tensorflow as tf
         lib = _native.tf_ops()
-        tables = [tf.Variable(x) for x in arrays]
+        if a.part == "tf" and a.variables == "embedlab":
+            from embedlab import _tables
+            tables = [tf.Variable(_tables.aligned(x)) for x in arrays]
+        else:
+            tables = [tf.Variable(x) for x in arrays]
+        res["variables"] = a.variables if a.part == "tf" else "tensorflow"
 
         class _Capsule:  # np.from_dlpack takes an object with __dlpack__, TensorFlow gives a capsule
             def __init__(self, c):

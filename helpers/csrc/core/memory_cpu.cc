@@ -16,13 +16,17 @@ namespace {
 #define MADV_COLLAPSE 25  // Linux 6.1 uapi value; older kernels answer EINVAL, which is fine
 #endif
 
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0));
+}
+
 bool enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("EMBEDLAB_HUGE_PAGES");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0));
-  }();
+  static const bool on = env_on("EMBEDLAB_HUGE_PAGES");
   return on;
 }
+
+size_t mapped_bytes(size_t bytes) { return (bytes + kTableAlignment - 1) & ~(kTableAlignment - 1); }
 
 }  // namespace
 
@@ -59,6 +63,32 @@ bool advise_huge_pages(const void* ptr, size_t bytes, size_t min_bytes) {
   (void)ptr, (void)bytes, (void)min_bytes;
   return false;
 #endif
+}
+
+bool aligned_tables_enabled() {
+  static const bool on = env_on("EMBEDLAB_ALIGNED_TABLES");
+  return on;
+}
+
+void* map_table(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const size_t size = mapped_bytes(bytes);
+  // Map one alignment more than needed, then give back the unaligned head and the tail.
+  void* raw = mmap(nullptr, size + kTableAlignment, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t p = (r + kTableAlignment - 1) & ~(uintptr_t{kTableAlignment} - 1);
+  if (p > r) munmap(raw, p - r);
+  const uintptr_t tail = r + size + kTableAlignment - (p + size);
+  if (tail > 0) munmap(reinterpret_cast<void*>(p + size), tail);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (enabled()) madvise(reinterpret_cast<void*>(p), size, MADV_HUGEPAGE);  // a hint: failure changes nothing
+#endif
+  return reinterpret_cast<void*>(p);
+}
+
+void unmap_table(void* ptr, size_t bytes) {
+  if (ptr != nullptr && bytes > 0) munmap(ptr, mapped_bytes(bytes));
 }
 
 }  // namespace embedlab

@@ -6,7 +6,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from .. import ops
+from .. import _tables, ops
 
 __all__ = ["FusedEmbedding"]
 
@@ -25,6 +25,9 @@ class FusedEmbedding(keras.layers.Layer):
         dims: width of each table (one int for all, or one per table).
         combiner: "sum" or "mean" over a row's keys (ids with several keys per row, -1 padded).
         seed: initial values uniform(-0.05, 0.05), table j seeded with seed + j.
+
+    Tables of 32 MiB and more live in their own 2 MiB-aligned huge-page mappings on the CPU
+    (`embedlab._tables`), from creation and through training and Keras loading.
 
     Input: a list (or tuple) with one ids tensor per table, each int64 `[batch]` (one key per
     row) or `[batch, n]` padded with -1; keys lie in [0, vocabulary_sizes[j]).
@@ -51,7 +54,8 @@ class FusedEmbedding(keras.layers.Layer):
             raise ValueError(f"FusedEmbedding {self.name!r}: combiner must be 'sum' or 'mean', got {combiner!r}")
         self.combiner, self.seed = combiner, int(seed)
         self.tables = [self.add_weight(name=f"table_{j}", shape=(v, d), dtype="float32",
-                                       initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=self.seed + j))
+                                       initializer=_tables.initializer(
+                                           keras.initializers.RandomUniform(-0.05, 0.05, seed=self.seed + j)))
                        for j, (v, d) in enumerate(zip(self.vocabulary_sizes, self.dims))]
         self.built = True
 
@@ -61,6 +65,13 @@ class FusedEmbedding(keras.layers.Layer):
             raise ValueError(f"FusedEmbedding {self.name!r}: got {len(ids)} ids tensors for {len(self.tables)} tables")
         ids = [tf.cast(i, tf.int64) if i.dtype != tf.int64 else i for i in map(tf.convert_to_tensor, ids)]
         return ops.fused_embedding_lookup(self.tables, ids, self.combiner)
+
+    def load_own_variables(self, store):
+        # Keras's loading (`load_model`, `load_weights`), with each table assigned through
+        # `_tables.assign`: a large table stays in its aligned huge-page mapping.
+        self._check_load_own_variables(store)
+        for i, v in enumerate(self._trainable_variables + self._non_trainable_variables):
+            _tables.assign(v, store[f"{i}"])
 
     def compute_output_shape(self, input_shape):
         return [(s[0], d) for s, d in zip(input_shape, self.dims)]

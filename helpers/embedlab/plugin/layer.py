@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
+from .. import _tables
 from .._hashing import splitmix64
 from . import checkpoint, placement
 from .placement import _canonical, current
@@ -168,7 +169,7 @@ class EmbeddingLayer(keras.layers.Layer):
             values = initial_values(keys, D, self.seed, self._initializer)
             with tf.device(dev):
                 w = self.add_weight(name=f"table_{i}", shape=(len(keys), D), dtype="float32",
-                                    initializer=lambda shape, dtype=None, v=values: tf.constant(v),
+                                    initializer=lambda shape, dtype=None, v=values: _tables.aligned(tf.constant(v)),
                                     trainable=not own)
             self._tables.append(w)
         if own:
@@ -447,7 +448,7 @@ class EmbeddingLayer(keras.layers.Layer):
                              f"[{self.vocabulary_size}, {self.embedding_vec_size}], got {list(arr.shape)}")
         parts = [arr[keys] for keys in self._shard_keys]     # all slices first, then assign
         for t, p in zip(self._tables, parts):
-            t.assign(p)
+            _tables.assign(t, p)     # a large table stays in its aligned huge-page mapping
 
     # ---- save / restore ---------------------------------------------------------------------
 

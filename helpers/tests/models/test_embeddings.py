@@ -76,3 +76,28 @@ def test_trains_in_model_fit_and_round_trips_its_config(rng, tmp_path):
     model.save(tmp_path / "m.keras")
     loaded = keras.saving.load_model(tmp_path / "m.keras")
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_large_tables_start_aligned_and_stay_so_through_fit_and_load(rng, tmp_path):
+    """A table of 32 MiB and more starts 2 MiB-aligned (embedlab._tables) with the values Keras'
+    RandomUniform gives, and stays so through model.fit and load_model."""
+    from embedlab import _tables
+    sizes = [1 << 20, 50]                          # 32 MiB at dim 8, and a small table
+    a = keras.Input((), dtype="int64", name="a")
+    b = keras.Input((), dtype="int64", name="b")
+    e = FusedEmbedding(sizes, [8, 2], seed=4, name="fused")([a, b])
+    out = keras.layers.Dense(1, activation="sigmoid", name="p")(keras.layers.Concatenate()(e))
+    model = keras.Model({"a": a, "b": b}, out)
+    big = model.get_layer("fused").tables[0]
+    assert _tables.address(big) % _tables.ALIGNMENT == 0
+    want = keras.initializers.RandomUniform(-0.05, 0.05, seed=4)((1 << 20, 8), "float32")
+    assert big.numpy().tobytes() == np.asarray(want).tobytes()
+    model.compile(eopt.Adam(0.05), "binary_crossentropy")
+    x = {"a": rng.integers(0, sizes[0], 256), "b": rng.integers(0, 50, 256)}
+    model.fit(x, (x["b"] % 2).astype(np.float32)[:, None], batch_size=64, epochs=1, verbose=0)
+    assert _tables.address(big) % _tables.ALIGNMENT == 0
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    lbig = loaded.get_layer("fused").tables[0]
+    assert _tables.address(lbig) % _tables.ALIGNMENT == 0
+    assert lbig.numpy().tobytes() == big.numpy().tobytes()

@@ -224,6 +224,28 @@ def test_model_fit_trains(rng, own):
         assert int(emb.optimizer.iterations) == 5 * (n // 128)
 
 
+def test_large_table_stays_aligned_through_fit_save_and_restore(rng, tmp_path):
+    """A table of 32 MiB and more starts 2 MiB-aligned (embedlab._tables) with the same initial
+    values, and stays so through model.fit with the layer's optimizer, restore and set_table."""
+    from embedlab import _tables
+    V, D, S, M = 1 << 20, 8, 2, 2
+    emb = plugin.EmbeddingLayer(V, D, S, M, optimizer=eopt.SGD(0.1), seed=3)
+    (table,) = emb.tables
+    assert _tables.address(table) % _tables.ALIGNMENT == 0
+    assert table.numpy().tobytes() == plugin.initial_values(np.arange(V), D, 3).tobytes()
+    keys = _keys(rng, 256, S, M, V)
+    model = _tiny_model(emb, S, M)
+    model.compile(eopt.Adam(0.05), "binary_crossentropy")
+    model.fit(keys, (keys[:, 0, 0] % 2).astype(np.float32), batch_size=64, epochs=1, verbose=0)
+    assert _tables.address(table) % _tables.ALIGNMENT == 0
+    trained = emb.get_table()
+    path = emb.save(tmp_path / "emb.bin")
+    emb.set_table(np.zeros((V, D), np.float32))
+    emb.restore(path)
+    assert _tables.address(table) % _tables.ALIGNMENT == 0
+    assert emb.get_table().tobytes() == trained.tobytes()
+
+
 def test_tf_function_varying_batch(rng):
     V, D, S, M = 30, 2, 2, 3
     table = rng.standard_normal((V, D)).astype(np.float32)

@@ -1,0 +1,70 @@
+// CPU kernels of EmbedLabAlignedTable, EmbedLabAssignTable and EmbedLabTableAddress (ops: table_memory_ops.cc).
+#define EIGEN_USE_THREADS
+
+#include <cstdint>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#include "table_memory.h"
+#include "tf_pool.h"
+
+namespace tensorflow {
+namespace {
+
+class AlignedTableOp : public OpKernel {
+ public:
+  explicit AlignedTableOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& value = ctx->input(0);
+    if (!embedlab_tf::IsLargeTable(value) || embedlab_tf::IsTableAligned(value)) {
+      ctx->set_output(0, value);
+      return;
+    }
+    Tensor out;
+    embedlab_tf::TfPool pool(ctx);
+    OP_REQUIRES_OK(ctx, embedlab_tf::AlignedCopy(value, pool, &out));
+    ctx->set_output(0, out);
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabAlignedTable").Device(DEVICE_CPU).TypeConstraint<float>("T"), AlignedTableOp);
+
+class AssignTableOp : public OpKernel {
+ public:
+  explicit AssignTableOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
+    const Tensor& value = ctx->input(1);
+    OP_REQUIRES(ctx, embedlab_tf::IsLargeTable(value),
+                errors::InvalidArgument("EmbedLabAssignTable: value of ", value.TotalBytes(),
+                                        " bytes is no large table (assign it with AssignVariableOp)"));
+    OP_REQUIRES_OK(ctx, embedlab_tf::AssignTable(ctx, var.get(), value));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabAssignTable").Device(DEVICE_CPU).TypeConstraint<float>("T"), AssignTableOp);
+
+class TableAddressOp : public OpKernel {
+ public:
+  explicit TableAddressOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<Var> var;
+    OP_REQUIRES_OK(ctx, LookupResource(ctx, HandleFromInput(ctx, 0), &var));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    tf_shared_lock l(*var->mu());
+    out->scalar<int64_t>()() = static_cast<int64_t>(reinterpret_cast<uintptr_t>(var->tensor()->tensor_data().data()));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabTableAddress").Device(DEVICE_CPU), TableAddressOp);
+
+}  // namespace
+}  // namespace tensorflow

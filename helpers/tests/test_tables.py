@@ -1,0 +1,189 @@
+"""embedlab._tables: where large CPU tables live (2 MiB-aligned mappings on huge pages), and that
+nothing else changes: values, lookups, training, assign (TensorFlow's snapshot semantics),
+checkpoints, memory release."""
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from embedlab import _tables, ops  # noqa: E402
+from embedlab import optimizers as eopt  # noqa: E402
+
+A = _tables.ALIGNMENT
+ROWS, DIM = 1 << 20, 8      # 32 MiB: the smallest table that gets a mapping of its own
+
+
+def _table(rng, rows=ROWS, dim=DIM):
+    return rng.uniform(-1, 1, (rows, dim)).astype(np.float32)
+
+
+def _ids(rng, rows=ROWS):
+    return tf.RaggedTensor.from_row_lengths(rng.integers(0, rows, 300), [1, 2, 3] * 50)
+
+
+def _lookup(v, ids):
+    return ops.fused_embedding_lookup([v], [ids], "sum")[0].numpy()
+
+
+def _rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _vm_flags(addr):
+    """The VmFlags of the mapping that holds addr (/proc/self/smaps)."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = lo <= addr < hi
+            elif inside and head[0] == "VmFlags:":
+                return head[1:]
+    return []
+
+
+def _thp_enabled():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def test_aligned_copies_values_into_an_aligned_huge_page_mapping(rng):
+    x = _table(rng)
+    t = _tables.aligned(tf.constant(x))
+    v = tf.Variable(t)
+    del t
+    assert _tables.address(v) % A == 0                       # the variable adopted the aligned buffer
+    assert v.numpy().tobytes() == x.tobytes()
+    if _thp_enabled() and os.environ.get("EMBEDLAB_HUGE_PAGES", "1") not in ("0", "off"):
+        assert "hg" in _vm_flags(_tables.address(v))         # advised MADV_HUGEPAGE
+
+
+def test_aligned_leaves_small_and_other_tables_as_they_are(rng):
+    small = tf.constant(_table(rng, 1000, 4))
+    assert _tables.aligned(small) is small
+    ints = tf.zeros([ROWS, DIM], tf.int32)
+    assert _tables.aligned(ints) is ints
+
+
+def test_lookups_read_aligned_tables_with_the_same_bits(rng):
+    x = _table(rng)
+    plain, placed = tf.Variable(x), tf.Variable(_tables.aligned(x))
+    assert _tables.address(placed) % A == 0
+    ids = _ids(rng)
+    for _ in range(3):                                    # and the lookups leave both where they are
+        assert _lookup(plain, ids).tobytes() == _lookup(placed, ids).tobytes()
+    assert _tables.address(placed) % A == 0
+
+
+def test_assign_keeps_the_mapping_and_tensorflows_snapshot_semantics(rng):
+    x, y, z = _table(rng), _table(rng), _table(rng)
+    v = tf.Variable(_tables.aligned(x))
+    addr = _tables.address(v)
+    _tables.assign(v, y)                       # no one else holds it: copied in place
+    assert _tables.address(v) == addr
+    assert v.numpy().tobytes() == y.tobytes()
+
+    held = v.value()                           # a read holds the buffer: a new mapping, the read keeps y
+    view = np.from_dlpack(_Capsule(tf.experimental.dlpack.to_dlpack(v.value())))
+    _tables.assign(v, z)
+    assert _tables.address(v) != addr and _tables.address(v) % A == 0
+    assert held.numpy().tobytes() == view.tobytes() == y.tobytes()
+    assert v.numpy().tobytes() == z.tobytes()
+
+    with pytest.raises(ValueError, match="shape"):
+        _tables.assign(v, x[:-1])
+    small = tf.Variable(np.zeros((4, 2), np.float32))   # small tables: TensorFlow's assign
+    _tables.assign(small, np.ones((4, 2), np.float32))
+    assert small.numpy().sum() == 8
+
+
+class _Capsule:
+    def __init__(self, c):
+        self.c = c
+
+    def __dlpack__(self, stream=None, **_):
+        return self.c
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_training_keeps_tables_aligned_and_trains_the_same_bits(rng):
+    x = _table(rng)
+    v, ref = tf.Variable(_tables.aligned(x)), tf.Variable(x)
+    ids = _ids(rng)
+    for var in (v, ref):
+        sgd = eopt.SGD(learning_rate=0.1)
+        sgd.build([var])
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(ops.fused_embedding_lookup([var], [ids], "sum", optimizer=sgd)[0] ** 2)
+            tape.gradient(loss, [var])
+    assert _tables.address(v) % A == 0
+    assert v.numpy().tobytes() == ref.numpy().tobytes()
+    adam = eopt.Adam(0.01)                     # IndexedSlices gradients, then the sparse update op
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ops.fused_embedding_lookup([v], [ids], "sum")[0])
+    adam.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    assert _tables.address(v) % A == 0
+
+
+def test_checkpoints_restore_values_and_place_by_path(rng, tmp_path):
+    """tf.train.Checkpoint restores the values; its assign takes TensorFlow's buffer, and
+    `_tables.assign` of the restored value puts the table back."""
+    x = _table(rng)
+    v = tf.Variable(_tables.aligned(x))
+    path = tf.train.Checkpoint(t=v).save(str(tmp_path / "ckpt"))
+    _tables.assign(v, np.zeros_like(x))
+    tf.train.Checkpoint(t=v).restore(path)
+    assert v.numpy().tobytes() == x.tobytes()
+    _tables.assign(v, v.read_value())
+    assert _tables.address(v) % A == 0 and v.numpy().tobytes() == x.tobytes()
+
+
+def test_memory_is_released_with_the_variable(rng):
+    gc.collect()
+    base = _rss()
+    vs = [tf.Variable(_tables.aligned(tf.fill([ROWS * 2, DIM], 1.0))) for _ in range(4)]   # 4 x 64 MiB
+    assert all(_tables.address(v) % A == 0 for v in vs)
+    grown = _rss() - base
+    assert grown > 0.8 * 4 * (64 << 20)
+    for v in vs:                               # assigning in place holds no second copy
+        _tables.assign(v, tf.fill([ROWS * 2, DIM], 2.0))
+    assert _rss() - base < grown + 1.5 * (64 << 20)
+    del vs, v
+    gc.collect()
+    assert _rss() - base < 0.25 * grown
+
+
+def test_aligned_tables_off_keeps_tensorflows_buffers():
+    """EMBEDLAB_ALIGNED_TABLES=0: neither `aligned` nor `assign` puts a table in a mapping (the
+    setting is read once per process, hence a child process)."""
+    code = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        from embedlab import _tables, ops
+        x = np.ones((1 << 20, 8), np.float32)
+        v = tf.Variable(_tables.aligned(x))
+        ids = tf.RaggedTensor.from_row_lengths(np.arange(6, dtype=np.int64), [1, 2, 3])
+        _tables.assign(v, x * 2)
+        out = ops.fused_embedding_lookup([v], [ids], "sum")[0].numpy()
+        assert out[2, 0] == 6.0
+        print(_tables.address(v) % _tables.ALIGNMENT != 0)
+    """)
+    env = dict(os.environ, EMBEDLAB_ALIGNED_TABLES="0", TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "True"
