@@ -9,7 +9,9 @@ Three parts, one process each (every part holds two copies of 26 tables of 1M x 
   large buffers start, see below). Interleaved, same keys, same pool.
 * ``--part tf``: the core on the NumPy copies, the core on the ``tf.Variable``s' own buffers (a
   zero-copy DLPack view), and the op in a ``tf.function`` of ``--steps`` chained steps
-  (``embed_lab_fused_resource_lookup`` on those variables). The variables are built as EmbedLab
+  (``embed_lab_fused_resource_lookup`` on those variables), its ids captured eager tensors
+  (``--ids captured``, passed in on every call) or constants of the graph (``--ids graph``).
+  The variables are built as EmbedLab
   builds its tables (``--variables embedlab``, the default: ``embedlab._tables.aligned``, each a
   2 MiB-aligned mapping on huge pages) or by ``tf.Variable(array)`` (``--variables tensorflow``:
   TensorFlow's allocator, 64 bytes into a page). Reports where each variable's buffer
@@ -53,6 +55,9 @@ def _parse():
     p.add_argument("--variables", choices=["embedlab", "tensorflow"], default="embedlab",
                    help="--part tf: the variables built as EmbedLab builds its tables (embedlab._tables.aligned: "
                         "2 MiB-aligned, huge pages) or as tf.Variable(array) builds them (TensorFlow's allocator)")
+    p.add_argument("--ids", choices=["captured", "graph"], default="captured",
+                   help="--part tf: the tf.function's ids as eager tensors it captures (passed in on every call, "
+                        "as lookup_cpu.py's in-graph cases do) or as constants of its graph (nothing passed in)")
     p.add_argument("--offset", type=int, default=64, help="bytes into the mapping (--part offset); a multiple of 4")
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--lead-ms", type=float, default=15.0)
@@ -181,6 +186,7 @@ def main():
         else:
             tables = [tf.Variable(x) for x in arrays]
         res["variables"] = a.variables if a.part == "tf" else "tensorflow"
+        res["ids"] = a.ids if a.part == "tf" else "captured"
 
         class _Capsule:  # np.from_dlpack takes an object with __dlpack__, TensorFlow gives a capsule
             def __init__(self, c):
@@ -205,8 +211,10 @@ def main():
             def graph():
                 dep = tf.constant(0.0)
                 for b in range(K):
+                    ids = raw[b] if a.ids == "captured" else ([tf.constant(o) for o in batches[b][0]],
+                                                              [tf.constant(k) for k in batches[b][1]])
                     with tf.control_dependencies([dep]):
-                        out = lib.embed_lab_fused_resource_lookup([v.handle for v in tabs], raw[b][0], raw[b][1], [],
+                        out = lib.embed_lab_fused_resource_lookup([v.handle for v in tabs], ids[0], ids[1], [],
                                                                   combiners=comb)
                     with tf.control_dependencies(out):
                         dep = tf.identity(dep)
