@@ -607,7 +607,7 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
         print(f"[dim {dim}] peers: TensorFlow variables with the same values (a second copy)...", flush=True)
         # Built as EmbedLab builds its layers' tables (embedlab._tables.aligned: each its own
         # 2 MiB-aligned mapping on huge pages; EMBEDLAB_ALIGNED_TABLES=0 leaves them in TensorFlow's
-        # allocator's buffers, 64 bytes into a page, as before that existed).
+        # allocator's buffers, 64 bytes into a page).
         from embedlab import _tables
         tables = [tf.Variable(_tables.aligned(x)) for x in arrays]
         addr_created = [_tables.address(v) for v in tables]

@@ -2,8 +2,10 @@
 own that starts on a 2 MiB boundary and is backed by 2 MiB huge pages.
 
 Why: TensorFlow's CPU allocator starts every large buffer 64 bytes into a page, so a 256-byte row
-(dim 64) straddles three 128-byte cache-line pairs instead of two, and the lookup reads such a
-table 4-22 % slower than an aligned one (2-core VM, helpers/benchmarks/RESULTS.md, lookup_cpu).
+(dim 64) straddles three 128-byte cache-line pairs instead of two. On the 2-core VM, 26 tables of
+1M x 64, the op's train step in a `tf.function` took 7.5-8.1 ms on such tables and 5.7 ms on
+placed ones, the forward 2.3-2.7 against 2.0-2.2 ms (helpers/benchmarks/RESULTS.md, lookup_cpu,
+*Tables placed by EmbedLab*).
 
 How a table gets there (the op library's csrc/tf/table_memory.h): `aligned(value)` (op
 `EmbedLabAlignedTable`) copies an initial value into such a mapping, and a `tf.Variable` (or a

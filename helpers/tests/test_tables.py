@@ -78,6 +78,24 @@ def test_aligned_leaves_small_and_other_tables_as_they_are(rng):
     assert _tables.aligned(ints) is ints
 
 
+def test_aligned_gives_the_variable_a_buffer_of_its_own(rng):
+    """Even from a 2 MiB-aligned NumPy buffer seen through DLPack: a buffer TensorFlow does not own
+    would be copied into TensorFlow's allocator at the first sparse update."""
+    raw = np.empty(ROWS * DIM + A // 4, np.float32)
+    skip = (-raw.__array_interface__["data"][0] % A) // 4
+    x = raw[skip:skip + ROWS * DIM].reshape(ROWS, DIM)
+    x[:] = _table(rng)
+    v = tf.Variable(_tables.aligned(tf.experimental.dlpack.from_dlpack(x.__dlpack__())))
+    addr = _tables.address(v)
+    assert addr % A == 0 and addr != x.__array_interface__["data"][0]
+    sgd = eopt.SGD(learning_rate=0.1)
+    sgd.build([v])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(ops.fused_embedding_lookup([v], [_ids(rng)], "sum", optimizer=sgd)[0])
+    tape.gradient(loss, [v])
+    assert _tables.address(v) == addr
+
+
 def test_lookups_read_aligned_tables_with_the_same_bits(rng):
     x = _table(rng)
     plain, placed = tf.Variable(x), tf.Variable(_tables.aligned(x))

@@ -20,7 +20,9 @@ class AlignedTableOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& value = ctx->input(0);
-    if (!embedlab_tf::IsLargeTable(value) || embedlab_tf::IsTableAligned(value)) {
+    // Copied even when already aligned: the variable must own its buffer (one adopted from NumPy or
+    // DLPack is not TensorFlow's, and TensorFlow copies such a table at its first sparse update).
+    if (!embedlab_tf::IsLargeTable(value)) {
       ctx->set_output(0, value);
       return;
     }
