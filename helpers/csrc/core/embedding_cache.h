@@ -11,10 +11,14 @@
 //     record of dim + 4 floats per slot), which its lookups compare. The CPU keeps a set's
 //     version, mask and 16-bit stamps together in one small header (one cache line to read and,
 //     on a hit, to stamp); the GPU keeps per set one tag byte per way (8 bits of the key's hash
-//     other than the set's, never 0; 0 = free way) and, in dynamic caches, the ways' 16-bit
-//     stamps together in one 32-byte sector (at 8 ways; static caches keep only the tags, 8
-//     bytes per set), which its lookups read instead of the occupancy mask and the keys (the
-//     key of a way whose tag matches is then compared, so a lookup stays exact).
+//     other than the set's, never 0; 0 = free way; 8 bytes per set at 8 ways), which its lookups
+//     read instead of the occupancy mask and the keys (the key of a way whose tag matches is then
+//     compared, so a lookup stays exact). A dynamic GPU cache keeps each way's 16-bit stamp where
+//     a hit has just read: at dims <= 16 that are multiples of 4, beside the set's tags (tags and
+//     stamps in one 32-byte sector per set at 8 ways); at other dims in a 16-byte slot word per
+//     slot, {a copy of the key, a word whose low 16 bits are the stamp}, which the lookups read in
+//     one load and compare (static caches compare the keys themselves). A hit writes its stamp,
+//     when it differs, into that sector.
 //   * Any int64 key is valid (occupancy is a bit, not a reserved key).
 //
 // Eviction (dynamic caches): LRU at the granularity of insert() calls. A cache-wide epoch counter
@@ -236,16 +240,23 @@ class EmbeddingCacheCuda {
   uint32_t* epoch_ = nullptr;
   uint32_t* headers_ = nullptr;  // [num_sets * 2]: version, occupied
   int64_t* keys_ = nullptr;      // [num_sets * ways]
-  // [num_sets * meta_stride()]: per set a tag per way (8 bits of the key's hash, 0 = free), then
-  // at byte tag_stride() a 16-bit stamp per way (low 16 bits of the epoch of the last touch)
+  // [num_sets * meta_stride()]: per set a tag per way (8 bits of the key's hash, 0 = free), then,
+  // in dynamic caches with row_off() == 4, at byte tag_stride() a 16-bit stamp per way (low 16
+  // bits of the epoch of the last touch)
   uint8_t* meta_ = nullptr;
   int tag_stride() const { return (ways_ + 7) / 8 * 8; }
-  int meta_stride() const {  // static caches keep no stamps: tags alone (8 bytes per set at 8 ways)
-    if (static_) return tag_stride();
+  // dynamic caches with row_off() == 4 keep their stamps in the set's sector too (a power of two
+  // >= 32 bytes: one sector at 8 ways); the others keep the tags alone (8 bytes per set at 8 ways)
+  int meta_stride() const {
+    if (static_ || !row_off()) return tag_stride();
     int m = 32;
     while (m < tag_stride() + 2 * ways_) m *= 2;
     return m;
   }
+  // Dynamic caches with row_off() == 0: [num_sets * ways * 2], per slot a copy of its key, then a
+  // word whose low 16 bits are the slot's stamp (low 16 bits of the epoch of its last touch);
+  // null otherwise
+  int64_t* slot_words_ = nullptr;
   // [num_sets * ways * rec()]: per slot, a copy of its key in the first 16 bytes when row_off()
   // is 4 (dims <= 16 that are multiples of 4: the key and the row lie in adjacent sectors, which
   // a hit reads together), then the row

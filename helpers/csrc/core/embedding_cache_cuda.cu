@@ -3,21 +3,29 @@
 // Where the time goes: the hit path is a gather with a key check in front of it. A plain gather
 // of the same rows reads the index and the row; the cache must also find the way and prove the
 // key. To read as little as possible besides the row, each set keeps one byte per way, a tag (8
-// bits of the key's hash other than those that choose the set, never 0; 0 marks a free way), and
-// in a dynamic cache its ways' 16-bit stamps, in one 32-byte sector (at 8 ways; 33.5 MB for 8.4 M
-// slots; a static cache's tags alone take 8 bytes per set, 8.4 MB, mostly held by L2). A lookup
-// reads its set's tags and, for the first way whose tag matches, that way's key and row at the
-// same time; the row is kept only if the key is equal (another matching way is tried otherwise,
-// so a tag collision costs one more key and row read). The occupancy mask and the other ways'
-// keys are never read by a lookup. Proving the key is a second random DRAM access per hit: at
-// dims <= 16 the key is kept beside its row (one 80-byte record at dim 16, in two adjacent
-// 64-byte blocks where the row alone is one), at larger dims in its own array (one 32-byte
-// sector against the row's 512 bytes at dim 128, where a record would cost more). That access,
-// not the tags, bounds the hit path at dim 16 (RESULTS.md, hps). One "group" of G lanes serves
-// one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 8 at dim 128, four pieces
-// per lane), one group per key in the grid, so all loads of a batch are in flight at once.
-// Dynamic caches write the epoch (a device counter that only insert() advances) into a hit's
-// stamp, in the sector already read, only when it differs; static caches write nothing.
+// bits of the key's hash other than those that choose the set, never 0; 0 marks a free way): 8
+// bytes per set at 8 ways (4.2 MB for 4.2 M slots), loaded with an L2 evict_last policy so that
+// the rows streaming through L2 leave them there. A lookup reads its set's tags and, for the
+// first way whose tag matches, that way's key and row at the same time; the row is kept only if
+// the key is equal (another matching way is tried otherwise, so a tag collision costs one more
+// key and row read). The occupancy mask and the other ways' keys are never read by a lookup.
+// Proving the key is a second random DRAM access per hit: at dims <= 16 the key is kept beside
+// its row (one 80-byte record at dim 16, in two adjacent 64-byte blocks where the row alone is
+// one), at larger dims in its own array (one 32-byte sector against the row's 512 bytes at dim
+// 128; a record [row | key] measured no faster, 544 or 640 bytes). That access, not the tags,
+// bounds the hit path at dim 16 (RESULTS.md, hps). A dynamic cache keeps each way's stamp in a
+// sector the hit reads anyway (embedding_cache.h): at dims > 16 the word after its key copy, in a
+// 16-byte slot word that one load brings with the key and that stays in L2 (evict_last) for the
+// stamp write, so that a dynamic hit reads no more sectors than a static one (dim 128, H100: 0.688
+// ms where stamps beside the tags, 32 bytes per set, 16.8 MB, took 0.735 ms); at dims <= 16,
+// beside the set's tags in one 32-byte sector per set, which there measured faster than a stamp
+// in the record (0.167 against 0.179 ms between inserts, 0.206 against 0.245 ms after an insert:
+// every hit then dirties its own record sector, against one sector per set). One "group" of G
+// lanes serves one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 16 at dim
+// 128, two pieces per lane), one group per key in the grid, so all loads of a batch are in
+// flight at once. Dynamic caches write the epoch (a device counter that only insert() advances)
+// into a hit's stamp, in the sector already read, only when it differs; static caches write
+// nothing.
 //
 // Writes (insert / update / erase): one group per key; lane 0 takes the set's lock (its version
 // word from even to odd with atomicCAS), decides the way, publishes it to the group, the group
@@ -47,20 +55,24 @@ namespace cg = cooperative_groups;
 constexpr int kBlock = 256;
 enum Counter { kHits = 0, kMisses, kInserts, kEvictions, kUpdates, kErases, kRejected, kNumCounters };
 constexpr int kCall = 8;  // offset of this call's counters
-// Lookups count hits and misses into kStripes pairs of counters after the first 16 (block b
-// adds to stripe b % kStripes): one address taking an atomic from each of ~10^4 blocks would
-// serialize them in L2. stats() adds the stripes up.
+// Lookups count their keys in one word (kLookups: one atomic per launch) and their misses into
+// kStripes counters after the first 16 (a miss of block b adds to stripe b % kStripes: one
+// address taking an atomic from every miss would serialize them in L2); hits are the difference.
+// No block-wide reduction: a group whose key is done returns at once (no barrier to wait at).
+constexpr int kLookups = 15;
 constexpr int kStripes = 128;
 constexpr int kStripeBase = 16;
-constexpr int kNumCounterWords = kStripeBase + 2 * kStripes;
+constexpr int kNumCounterWords = kStripeBase + kStripes;
 enum WriteMode { kInsert = 0, kUpdate = 1, kErase = 2 };
 
 
 struct Cache {
   uint32_t* headers;
   int64_t* keys;
+  int64_t* slot_words;  // dynamic caches with row_off == 0: [num_sets * ways * 2], per slot a copy
+                        // of its key, then a word whose low 16 bits are its stamp; else null
   uint8_t* meta;      // [num_sets * meta_stride]: per set, one tag byte per way (0 = free), then
-                      // one 16-bit stamp per way at byte tag_stride
+                      // in dynamic caches with row_off one 16-bit stamp per way at byte tag_stride
   float* values;      // [num_sets * ways * rec]: per slot, [key (16 bytes) if row_off] then the row
   int64_t num_sets;
   int64_t dim;
@@ -68,14 +80,60 @@ struct Cache {
   int64_t row_off;    // 4 (the key is kept before the row, dims <= 16) or 0 (keys only in `keys`)
   int ways;
   int tag_stride;     // tag bytes per set: ways rounded up to 8
-  int meta_stride;    // bytes per set: dynamic, a power of two >= 32 (one sector at 8 ways);
-                      // static, tag_stride (no stamps)
+  int meta_stride;    // bytes per set: tag_stride, or a power of two >= 32 with stamps (one
+                      // 32-byte sector at 8 ways)
   bool is_static;
   __device__ __forceinline__ const uint8_t* tags(int64_t s) const { return meta + s * meta_stride; }
-  __device__ __forceinline__ uint16_t* stamps(int64_t s) const {
-    return reinterpret_cast<uint16_t*>(meta + s * meta_stride + tag_stride);
+  // The stamp of slot (in set s) of a dynamic cache: in the set's sector beside its tags at
+  // row_off (dims <= 16), else the low 16 bits of the word after the slot's key copy.
+  __device__ __forceinline__ uint16_t* stamp_in_set(int64_t s, int64_t slot) const {
+    return reinterpret_cast<uint16_t*>(meta + s * meta_stride + tag_stride) + (slot - s * ways);
+  }
+  __device__ __forceinline__ uint16_t* stamp_in_slot_word(int64_t slot) const {
+    return reinterpret_cast<uint16_t*>(slot_words + 2 * slot + 1);
+  }
+  __device__ __forceinline__ uint16_t* stamp(int64_t s, int64_t slot) const {
+    return row_off ? stamp_in_set(s, slot) : stamp_in_slot_word(slot);
   }
 };
+
+// Where a dynamic lookup finds a hit's stamp (a template argument of the lookup kernel).
+enum StampAt { kNoStamps = 0, kStampInSet = 1, kStampInSlotWord = 2 };
+
+// L2 eviction priorities (sm_80+): the tags and a dynamic hit's key and stamp are loaded
+// evict_last, so that the 1 to 2 GB of rows streaming through the 50 MB L2 per batch (loaded and
+// stored evict-first with .cs) do not push them out: a later lookup of the set finds its tags in
+// L2, and a hit's stamp write finds its sector there (a partial write of a sector that has left
+// L2 costs a read of it from DRAM).
+__device__ __forceinline__ uint64_t l2_keep_policy() {
+  uint64_t p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+#endif
+  return p;
+}
+__device__ __forceinline__ uint2 load_tags8(const uint2* p, uint64_t keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint2 r;
+  asm volatile("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(p), "l"(keep));
+  return r;
+#else
+  return __ldg(p);
+#endif
+}
+// Not .nc: hits of the same launch may write the stamp word (L1 no-allocate, so a later read
+// of it goes to L2, which is coherent).
+__device__ __forceinline__ longlong2 load_slot_word(const int64_t* p, uint64_t keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  longlong2 r;
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v2.s64 {%0, %1}, [%2], %3;"
+               : "=l"(r.x), "=l"(r.y) : "l"(p), "l"(keep));
+  return r;
+#else
+  const volatile int64_t* v = p;
+  return make_longlong2(v[0], v[1]);
+#endif
+}
 
 // A key's tag: the low 8 bits of its hash (the set takes the high ones), never 0.
 __device__ __forceinline__ uint32_t tag_of(uint64_t h) {
@@ -84,12 +142,12 @@ __device__ __forceinline__ uint32_t tag_of(uint64_t h) {
 }
 
 // Bit w set where byte w of the set's tags equals `tag` (tags of free ways are 0: no match).
-__device__ __forceinline__ uint32_t tag_match(const Cache& c, int64_t s, uint32_t tag) {
+__device__ __forceinline__ uint32_t tag_match(const Cache& c, int64_t s, uint32_t tag, uint64_t keep) {
   const uint32_t tag4 = tag * 0x01010101u;
   const uint2* t = reinterpret_cast<const uint2*>(c.tags(s));
   uint32_t m = 0;
   for (int w8 = 0; w8 < c.tag_stride / 8; ++w8) {
-    const uint2 v = __ldg(t + w8);
+    const uint2 v = load_tags8(t + w8, keep);
     const uint32_t lo = (((__vcmpeq4(v.x, tag4) & 0x01010101u) * 0x01020408u) >> 24) & 0xfu;
     const uint32_t hi = (((__vcmpeq4(v.y, tag4) & 0x01010101u) * 0x01020408u) >> 24) & 0xfu;
     m |= (lo | (hi << 4)) << (8 * w8);
@@ -122,73 +180,84 @@ __device__ __forceinline__ uint32_t age(uint32_t epoch, uint16_t stamp) {
 // lane holds up to SPEC of its row's elements in registers, loaded together with the key of the
 // candidate way (the rest, for dims past G * SPEC elements, is copied once the key is proven).
 // Rows of at most G elements take SPEC = 1: fewer registers, more keys in flight per SM (dim 16:
-// 0.165 against 0.181 ms with SPEC = 4, H100); longer rows SPEC = 4 (dim 128 with G = 8: 0.681
-// against 0.773 ms with G = 32, SPEC = 1).
-constexpr int kSpec = 4;
+// 0.165 against 0.181 ms with SPEC = 4, H100). Longer rows take SPEC = 2 with a register cap
+// (EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS blocks of 256 threads per SM): dim 128 with G = 16 ran at
+// 0.678 ms where G = 8, SPEC = 4 (40 to 48 registers) took 0.680-0.690 and G = 32, SPEC = 1 0.695
+// (H100 microbenchmark, 2026-11-25). Uncapped, a dynamic cache's G = 16 kernel took 0.784 against
+// 0.704 ms capped at 8 blocks (hps_gpu.py, an earlier version of this kernel); 6, 7 and 8 blocks
+// ran within 0.5 % of each other (dynamic 0.683-0.686 ms, static 0.676-0.681 ms).
+constexpr int kSpec = 2;
+#ifndef EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS
+#define EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS 8
+#endif
 
-template <int G, int SPEC, typename T, bool TOUCH>
-__global__ void __launch_bounds__(kBlock) lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n,
-                                                       float* __restrict__ out, uint8_t* __restrict__ flags,
-                                                       uint8_t hit_flag, const uint32_t* __restrict__ epoch_counter,
-                                                       unsigned long long* counters) {
-  // The epoch does not change during a lookup: read it up front, beside the key.
-  const uint16_t epoch = TOUCH ? static_cast<uint16_t>(__ldg(epoch_counter)) : 0;
-  const int lane = G == 1 ? 0 : static_cast<int>(threadIdx.x % G);
+template <int G, int SPEC, typename T, int STAMPS>
+__global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS : 1)
+    lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n, float* __restrict__ out,
+                  uint8_t* __restrict__ flags, uint8_t hit_flag, const uint32_t* __restrict__ epoch_counter,
+                  unsigned long long* counters) {
+  if (counters && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counters + kLookups, static_cast<unsigned long long>(n));
   const int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
-  const int64_t cols = sizeof(T) == 16 ? c.dim / 4 : c.dim;  // elements of T per row
-  const int64_t rec = sizeof(T) == 16 ? c.rec / 4 : c.rec;    // ... per slot
-  const int64_t off = sizeof(T) == 16 ? c.row_off / 4 : c.row_off;
-  unsigned long long hit = 0, seen = 0;
-  if (i < n) {
-    const int64_t key = __ldg(keys + i);
-    const uint64_t h = cache_mix64(static_cast<uint64_t>(key));
-    const int64_t s = static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(c.num_sets)));
-    uint32_t cand = tag_match(c, s, tag_of(h));
-    int64_t slot = -1;
-    T x[SPEC];
-    while (cand) {
-      const int64_t sl = s * c.ways + (__ffs(cand) - 1);
-      cand &= cand - 1;
-      const T* base = reinterpret_cast<const T*>(c.values) + sl * rec;
-      const int64_t k = off ? __ldcs(reinterpret_cast<const long long*>(base)) : __ldcs(c.keys + sl);
-      const T* src = base + off;
-#pragma unroll
-      for (int v = 0; v < SPEC; ++v) {
-        const int64_t j = lane + static_cast<int64_t>(v) * G;
-        if (j < cols) x[v] = __ldcs(src + j);
-      }
-      if (k == key) {
-        slot = sl;
-        break;
-      }
+  if (i >= n) return;
+  // The epoch does not change during a lookup: read it up front, beside the key.
+  const uint16_t epoch = STAMPS ? static_cast<uint16_t>(__ldg(epoch_counter)) : 0;
+  const uint64_t keep = l2_keep_policy();
+  const int lane = G == 1 ? 0 : static_cast<int>(threadIdx.x % G);
+  // 32-bit column arithmetic (the constructor refuses dims of 2^31 and more): fewer registers
+  // under the cap of 32 that SPEC = 2 kernels run with
+  const int cols = static_cast<int>(sizeof(T) == 16 ? c.dim / 4 : c.dim);  // elements of T per row
+  const int64_t rec = sizeof(T) == 16 ? c.rec / 4 : c.rec;                 // ... per slot
+  const int off = static_cast<int>(sizeof(T) == 16 ? c.row_off / 4 : c.row_off);
+  const int64_t key = __ldg(keys + i);
+  const uint64_t h = cache_mix64(static_cast<uint64_t>(key));
+  const int64_t s = static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(c.num_sets)));
+  uint32_t cand = tag_match(c, s, tag_of(h), keep);
+  int64_t slot = -1;
+  uint16_t stamp = 0;
+  T x[SPEC];
+  while (cand) {
+    const int64_t sl = s * c.ways + (__ffs(cand) - 1);
+    cand &= cand - 1;
+    const T* base = reinterpret_cast<const T*>(c.values) + sl * rec;
+    int64_t k;
+    if (STAMPS == kStampInSlotWord) {  // the key copy and its stamp, one 16-byte load, kept in L2
+      const longlong2 w = load_slot_word(c.slot_words + 2 * sl, keep);
+      k = w.x;
+      stamp = static_cast<uint16_t>(w.y);
+    } else {
+      k = off ? __ldcs(reinterpret_cast<const long long*>(base)) : __ldcs(c.keys + sl);
     }
-    if (slot >= 0) {
-      T* dst = reinterpret_cast<T*>(out) + i * cols;
+    const T* src = base + off;
 #pragma unroll
-      for (int v = 0; v < SPEC; ++v) {
-        const int64_t j = lane + static_cast<int64_t>(v) * G;
-        if (j < cols) __stcs(dst + j, x[v]);
-      }
-      const T* src = reinterpret_cast<const T*>(c.values) + slot * rec + off;
-      for (int64_t j = lane + static_cast<int64_t>(SPEC) * G; j < cols; j += G) __stcs(dst + j, __ldcs(src + j));
-      if (TOUCH && lane == 0) {
-        // The stamp shares the 32-byte sector of the tags just read. Written only when it
-        // differs: between two insert() calls a row is stamped once, however often it is hit.
-        uint16_t* st = c.stamps(s) + (slot - s * c.ways);
-        if (*st != epoch) *st = epoch;
-      }
+    for (int v = 0; v < SPEC; ++v) {
+      const int j = lane + v * G;
+      if (j < cols) x[v] = __ldcs(src + j);
     }
-    if (lane == 0) {
-      if (flags) flags[i] = slot >= 0 ? hit_flag : static_cast<uint8_t>(1 - hit_flag);
-      hit = slot >= 0;
-      seen = 1;
+    if (k == key) {
+      slot = sl;
+      break;
     }
   }
-  if (counters) {
-    const int stripe = static_cast<int>(blockIdx.x % kStripes);
-    add_block(counters + kStripeBase + stripe, hit);
-    add_block(counters + kStripeBase + kStripes + stripe, seen - hit);
+  if (lane == 0 && flags) flags[i] = slot >= 0 ? hit_flag : static_cast<uint8_t>(1 - hit_flag);
+  if (slot < 0) {
+    if (lane == 0 && counters) atomicAdd(counters + kStripeBase + blockIdx.x % kStripes, 1ull);
+    return;
   }
+  T* dst = reinterpret_cast<T*>(out) + i * cols;
+#pragma unroll
+  for (int v = 0; v < SPEC; ++v) {
+    const int j = lane + v * G;
+    if (j < cols) __stcs(dst + j, x[v]);
+  }
+  const T* src = reinterpret_cast<const T*>(c.values) + slot * rec + off;
+  for (int j = lane + SPEC * G; j < cols; j += G) __stcs(dst + j, __ldcs(src + j));
+  // The stamp shares the sector of the tags or of the key copy just read. Written only when it
+  // differs: between two insert() calls a row is stamped once, however often it is hit.
+  if (STAMPS == kStampInSet && lane == 0) {  // in the sector of the tags just read
+    uint16_t* st = c.stamp_in_set(s, slot);
+    if (*st != epoch) *st = epoch;
+  }
+  if (STAMPS == kStampInSlotWord && lane == 0 && stamp != epoch) *c.stamp_in_slot_word(slot) = epoch;
 }
 
 __device__ __forceinline__ uint32_t lock_set(uint32_t* version) {
@@ -220,7 +289,7 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
     volatile int64_t* set_keys = reinterpret_cast<volatile int64_t*>(c.keys + s * c.ways);
     // Set metadata is read and written through volatile pointers: L1 is not coherent between
     // SMs, and another block may have changed the set since this SM last cached its line.
-    volatile uint16_t* stamps = reinterpret_cast<volatile uint16_t*>(c.stamps(s));
+    auto stamp = [&](int w) { return reinterpret_cast<volatile uint16_t*>(c.stamp(s, s * c.ways + w)); };
     volatile uint8_t* tags = reinterpret_cast<volatile uint8_t*>(c.meta + s * c.meta_stride);
     int way = -1, copy = 0;
     uint32_t held = 0;
@@ -242,7 +311,7 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
         way = -1;
       } else if (way >= 0) {
         if (!c.is_static) {  // overwrite (insert) or update
-          stamps[way] = static_cast<uint16_t>(epoch);
+          *stamp(way) = static_cast<uint16_t>(epoch);
           copy = 1;
           atomicAdd(counters + (mode == kInsert ? kInserts : kUpdates), 1ull);
           atomicAdd(counters + kCall, 1ull);
@@ -254,9 +323,9 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
           atomicAdd(counters + kCall + 1, 1ull);  // rows added (size)
         } else if (!c.is_static) {
           way = 0;
-          uint32_t oldest = age(epoch, stamps[0]);
+          uint32_t oldest = age(epoch, *stamp(0));
           for (int w = 1; w < c.ways; ++w) {
-            const uint32_t a = age(epoch, stamps[w]);
+            const uint32_t a = age(epoch, *stamp(w));
             if (a > oldest) {
               oldest = a;
               way = w;
@@ -268,9 +337,13 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
         }
         if (way >= 0) {
           set_keys[way] = key;
-          if (c.row_off)  // the copy the lookups compare, beside the row
+          // the copy the lookups compare: beside the row (dims <= 16), else in slot_words
+          // (dynamic caches; static ones compare keys[])
+          if (c.row_off)
             *reinterpret_cast<volatile int64_t*>(c.values + (s * c.ways + way) * c.rec) = key;
-          if (!c.is_static) stamps[way] = static_cast<uint16_t>(epoch);  // static: no stamps kept
+          else if (!c.is_static)
+            *reinterpret_cast<volatile int64_t*>(c.slot_words + 2 * (s * c.ways + way)) = key;
+          if (!c.is_static) *stamp(way) = static_cast<uint16_t>(epoch);  // static: no stamps kept
           tags[way] = static_cast<uint8_t>(tag_of(cache_mix64(static_cast<uint64_t>(key))));
           *occupied = occ | (1u << way);
           copy = 1;
@@ -347,13 +420,18 @@ cudaError_t launch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_
   const int64_t blocks = (n + kBlock / G - 1) / (kBlock / G);  // one group per key
   if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   const unsigned grid = static_cast<unsigned>(blocks);
+  const int stamps = c.is_static ? kNoStamps : c.row_off ? kStampInSet : kStampInSlotWord;
+#define EL_LOOKUP(T, S) lookup_kernel<G, SPEC, T, S><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters)
   if (vec4) {
-    if (c.is_static) lookup_kernel<G, SPEC, float4, false><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
-    else lookup_kernel<G, SPEC, float4, true><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
+    if (stamps == kNoStamps) EL_LOOKUP(float4, kNoStamps);
+    else if (stamps == kStampInSet) EL_LOOKUP(float4, kStampInSet);
+    else EL_LOOKUP(float4, kStampInSlotWord);
   } else {
-    if (c.is_static) lookup_kernel<G, SPEC, float, false><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
-    else lookup_kernel<G, SPEC, float, true><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters);
+    if (stamps == kNoStamps) EL_LOOKUP(float, kNoStamps);
+    else if (stamps == kStampInSet) EL_LOOKUP(float, kStampInSet);
+    else EL_LOOKUP(float, kStampInSlotWord);
   }
+#undef EL_LOOKUP
   return cudaGetLastError();
 }
 
@@ -386,10 +464,12 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
   num_sets_ = std::max<int64_t>(1, (capacity + ways - 1) / ways);
   const size_t slots = static_cast<size_t>(num_sets_ * ways_);
   auto run = [&]() -> cudaError_t {
+    if (dim >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // lookups index a row with 32 bits
     EL_TRY(cudaGetDevice(&device_));
     EL_TRY(cudaMalloc(&headers_, sizeof(uint32_t) * 2 * num_sets_));
     EL_TRY(cudaMalloc(&keys_, sizeof(int64_t) * slots));
     EL_TRY(cudaMalloc(&meta_, static_cast<size_t>(num_sets_) * meta_stride()));
+    if (!static_ && !row_off()) EL_TRY(cudaMalloc(&slot_words_, 2 * sizeof(int64_t) * slots));
     EL_TRY(cudaMalloc(&values_, sizeof(float) * slots * static_cast<size_t>(rec())));
     EL_TRY(cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounterWords));
     EL_TRY(cudaMalloc(&epoch_, sizeof(uint32_t)));
@@ -406,6 +486,7 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
 EmbeddingCacheCuda::~EmbeddingCacheCuda() {
   cudaFree(headers_);
   cudaFree(keys_);
+  cudaFree(slot_words_);
   cudaFree(meta_);
   cudaFree(values_);
   cudaFree(counters_);
@@ -416,7 +497,7 @@ EmbeddingCacheCuda::~EmbeddingCacheCuda() {
 cudaError_t EmbeddingCacheCuda::lookup_mask(const int64_t* keys, int64_t n, float* out, uint8_t* hit_mask,
                                             cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  const Cache c{headers_, keys_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
+  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
   return dispatch_lookup(c, vec4, keys, n, out, hit_mask, uint8_t{1}, epoch_, counters_, stream);
 }
@@ -441,7 +522,7 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
   int64_t* d_count = reinterpret_cast<int64_t*>(ws + flag_bytes);
   void* tmp = ws + flag_bytes + 256;
   size_t tmp_bytes = workspace_bytes - flag_bytes - 256;
-  const Cache c{headers_, keys_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
+  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
   EL_TRY(dispatch_lookup(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream));
   EL_TRY(cub::DeviceSelect::Flagged(tmp, tmp_bytes, thrust::counting_iterator<int64_t>(0), flags, missing, d_count,
@@ -455,7 +536,7 @@ cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float
   if (count_host) *count_host = 0;
   if (n <= 0) return cudaSuccess;
   EL_TRY(cudaMemsetAsync(counters_ + kCall, 0, 2 * sizeof(unsigned long long), stream));
-  const Cache c{headers_, keys_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
+  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
   const bool vec4 = values && dim_ % 4 == 0 && aligned16(values);
   const int g = mode == kErase ? 4 : lanes_for(vec4 ? dim_ / 4 : dim_);
   cudaError_t e;
@@ -513,11 +594,9 @@ cudaError_t EmbeddingCacheCuda::stats(EmbeddingCacheStats* out, cudaStream_t str
   unsigned long long v[kNumCounterWords];
   EL_TRY(cudaMemcpyAsync(v, counters_, sizeof(v), cudaMemcpyDeviceToHost, stream));
   EL_TRY(cudaStreamSynchronize(stream));
-  unsigned long long hits = v[kHits], misses = v[kMisses];
-  for (int i = 0; i < kStripes; ++i) {
-    hits += v[kStripeBase + i];
-    misses += v[kStripeBase + kStripes + i];
-  }
+  unsigned long long misses = v[kMisses];
+  for (int i = 0; i < kStripes; ++i) misses += v[kStripeBase + i];
+  const unsigned long long hits = v[kHits] + v[kLookups] - (misses - v[kMisses]);
   out->hits = static_cast<int64_t>(hits);
   out->misses = static_cast<int64_t>(misses);
   out->inserts = static_cast<int64_t>(v[kInserts]);
