@@ -676,7 +676,7 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
           f"calls of its own{f' and a {a.peer_gap_ms:g} ms sleep' if a.peer_gap_ms else ''})...", flush=True)
     med, mins = _interleaved_ms(cases, a.warmup, a.repeats, lead_ms=lead, gap_ms=a.peer_gap_ms)
     if with_tf:
-        addr_timed = [_tables.address(v) for v in tables]  # the lookups move a misplaced table once
+        addr_timed = [_tables.address(v) for v in tables]  # where the timed calls read them
         # The TensorFlow copies' huge pages, as the timed calls had them (the op advises its tables
         # on their second sighting): the process's AnonHugePages beyond the NumPy tables' (an upper
         # bound: other huge-page-backed allocations of the process count too).

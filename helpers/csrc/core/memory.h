@@ -24,7 +24,7 @@ bool advise_huge_pages(const void* ptr, size_t bytes, size_t min_bytes = kLargeT
 // An anonymous mapping of `bytes` (rounded up to kTableAlignment) that starts on a 2 MiB
 // boundary, advised onto huge pages before anything touches it (MADV_HUGEPAGE, unless
 // EMBEDLAB_HUGE_PAGES=0), so its pages fault in as huge pages. Why: TensorFlow's CPU allocator
-// (glibc's mmap'd chunks) starts a large buffer 64 bytes into a page, so a 256-byte row
+// starts a large buffer 64 bytes into a page, so a 256-byte row
 // straddles three 128-byte line pairs instead of two and the first and last 2 MiB of the
 // table are never huge pages. Contents are zero. nullptr if the mapping fails.
 void* map_table(size_t bytes);
