@@ -1,5 +1,5 @@
-"""Where a table's buffer starts, and what that costs EmbedLab's CPU forward (issue 26: the op in a
-tf.function ran 25-35 % slower than the framework-free core on the same tables' values).
+"""Where a table's buffer starts, and what that costs EmbedLab's CPU forward; and what TensorFlow
+itself adds to the op in a tf.function over the framework-free core on the same buffers.
 
 Three parts, one process each (every part holds two copies of 26 tables of 1M x dim fp32):
 
