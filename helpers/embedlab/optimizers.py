@@ -27,7 +27,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from . import _native
+from . import _native, _tables
 
 __all__ = ["SGD", "Adagrad", "Adam"]
 
@@ -147,6 +147,22 @@ class _SparseMixin:
                     [c.decode() if isinstance(c, bytes) else c for c in (combiners[t] for t in ts)],
                     [v for _, v in members], learning_rate)
         return rest
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        # The state of a table (as large as the table, read and written by the fused step) gets
+        # its initial value in an aligned huge-page mapping (`_tables.aligned`: 32 MiB and more,
+        # float32, on the CPU; anything else stays as Keras makes it).
+        return super().add_variable_from_reference(
+            reference_variable, name=name, initializer=_tables.initializer(keras.initializers.get(initializer)))
+
+    def load_own_variables(self, store):
+        # Keras's loading, with each variable written through `_tables.assign`: large state
+        # stays in its aligned huge-page mapping (Keras's own method warns and skips on a
+        # mismatched store, as before).
+        if len(store.keys()) != len(self.variables):
+            return super().load_own_variables(store)
+        for i, variable in enumerate(self.variables):
+            _tables.assign(variable, store[str(i)])
 
     def slot_variables(self, variable) -> list:
         """The state this optimizer keeps for `variable` (it must be built for it), as
