@@ -119,8 +119,9 @@ def test_eviction_keeps_capacity_and_never_returns_stale_rows(rng, dim):
     assert gpu.stats()["evictions"] > 0
 
 
-# The stamps live beside the key copy the lookups compare: in the record at dims <= 16 that are
-# multiples of 4, in an array of slot words otherwise (7: not a multiple of 4; 128).
+# Where a dynamic cache keeps its stamps (embedding_cache.h): beside the set's tags at dims <= 16
+# that are multiples of 4 (4), in 16-byte slot words beside a copy of the key otherwise (7, not a
+# multiple of 4; 128).
 LRU_DIMS = [4, 7, 128]
 
 
