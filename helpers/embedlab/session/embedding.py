@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from .. import _native
+from .. import _native, _tables
 from .._hashing import GAMMA, mix64
 from .. import ops as el_ops
 from .. import optimizers as el_opt
@@ -192,7 +192,9 @@ class Embedding:
         self.vec, self.capacity = spec.vec, spec.capacity
         self.name = spec.name
         self.S = spec.input.slot_num
-        self.table = tf.Variable(tf.zeros([self.capacity, self.vec]), name=f"{spec.name}_table")
+        # 32 MiB and more on the CPU: a 2 MiB-aligned huge-page mapping of its own (`_tables`);
+        # the lookups, the optimizers and the per-pass writes update it in place.
+        self.table = tf.Variable(_tables.aligned(tf.zeros([self.capacity, self.vec])), name=f"{spec.name}_table")
         o = spec.optimizer
         self.compiled = o.update_type != "Global" and o.type in ("Adam", "SGD")
         self.tfopt = TFOptimizer(o)
@@ -206,7 +208,7 @@ class Embedding:
             self.slots = self.kopt.slot_variables(self.table)
         else:
             self.kopt = None
-            self.slots = self.tfopt.make_slots([self.capacity, self.vec], spec.name)
+            self.slots = self.tfopt.make_slots([self.capacity, self.vec], spec.name, table=True)
         # Global Adam, deferred and exact (see `begin_step`): the step each row is current
         # through, and the learning rate of step j at lr_ring[j % GLOBAL_SYNC_EVERY].
         self.deferred_global = self.DEFER_GLOBAL and o.update_type == "Global" and o.type == "Adam"

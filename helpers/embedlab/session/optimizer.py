@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from .. import _native
+from .. import _native, _tables
 from .spec import OptimizerSpec
 
 __all__ = ["TFOptimizer", "lr_at"]
@@ -27,8 +27,11 @@ class TFOptimizer:
         self.nslots = {"Adam": 2, "MomentumSGD": 1, "Nesterov": 1, "SGD": 0}[spec.type]
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="opt_step")
 
-    def make_slots(self, var_shape, name):
-        return [tf.Variable(tf.zeros(var_shape), trainable=False, name=f"{name}_slot{i}")
+    def make_slots(self, var_shape, name, table: bool = False):
+        """The update rule's state of a variable (zeros). `table`: an embedding table's state,
+        placed as the table is (`_tables.aligned`: 32 MiB and more on the CPU)."""
+        place = _tables.aligned if table else (lambda x: x)
+        return [tf.Variable(place(tf.zeros(var_shape)), trainable=False, name=f"{name}_slot{i}")
                 for i in range(self.nslots)]
 
     def rule(self, w, g, slots, lr, t):
@@ -76,6 +79,9 @@ class TFOptimizer:
         elif s.type == "SGD":
             tf.raw_ops.ResourceApplyGradientDescent(var=w.handle, alpha=tf.cast(lr, tf.float32), delta=g)
         else:
+            # TensorFlow's assign: the new values' buffer becomes the variable's (no copy). A
+            # placed table under a Global MomentumSGD / Nesterov update leaves its mapping at the
+            # first step here, rather than being copied back into it at every step.
             nw, ns = self.rule(w.read_value(), g, [x.read_value() for x in sl], lr, t)
             w.assign(nw)
             for var, val in zip(sl, ns):
