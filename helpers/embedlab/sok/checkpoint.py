@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from .. import _tables
 from .._io import atomic_dir
 from ..plugin.placement import distributed_owner
 from . import _context, exchange
@@ -238,11 +239,11 @@ def load(path, vars, optimizer=None):
         local = _local_rows_of(v, keys[mine], "embedlab.sok.load")
         full = np.zeros(v.shape.as_list(), np.float32)
         full[local] = rows[mine]
-        v.assign(full)
+        _tables.assign(v, full)          # a placed shard (and its state) stays in its mapping
         for svar, srows in slots:
             s = np.zeros(v.shape.as_list(), np.float32)
             s[local] = srows[mine]
-            svar.assign(s)
+            _tables.assign(svar, s)
 
 
 def _mine(v, keys):

@@ -37,6 +37,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from .. import _tables
 from ..plugin.placement import distributed_owner
 from . import _context
 from .lookup import all2all_dense_embedding, lookup_sparse
@@ -87,7 +88,8 @@ class _EmbeddingBase(keras.layers.Layer):
         with local_variable_scope():
             self.embedding_variable = self.add_weight(
                 shape=(self.max_vocabulary_size_per_gpu, self.embedding_vec_size),
-                initializer=self.embedding_initializer, trainable=True, name="EmbeddingVariable",
+                initializer=_tables.initializer(keras.initializers.get(self.embedding_initializer)),
+                trainable=True, name="EmbeddingVariable",
                 autocast=False)   # as SOK: the table stays in the policy's variable dtype
         v = self.embedding_variable
         v.is_sok_variable = True
@@ -303,7 +305,7 @@ class Saver:
                              f"{v.shape[0]} rows per worker")
         full = np.array(v.numpy())
         full[rows] = vals[mine]
-        v.assign(full)
+        _tables.assign(v, full)          # a placed table stays in its mapping
 
 
 def _file_name(v):

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.ops import resource_variable_ops
 
+from .. import _tables
 from . import _context
 
 __all__ = ["OptimizerWrapper", "SGD", "filter_variables", "local_variable_scope"]
@@ -97,8 +98,10 @@ class OptimizerWrapper:
                 v = _dynamic_slot(reference_variable, name, initializer)
             else:
                 # The base implementation: the TensorFlow one colocates with the strategy's variables.
-                v = BaseOptimizer.add_variable_from_reference(self._opt, reference_variable, name=name,
-                                                              initializer=initializer)
+                # A shard's state of 32 MiB and more on the CPU is placed as the shard is.
+                v = BaseOptimizer.add_variable_from_reference(
+                    self._opt, reference_variable, name=name,
+                    initializer=_tables.initializer(keras.initializers.get(initializer)))
             self._slots.setdefault(id(reference_variable), {})[name] = v
             return v
 

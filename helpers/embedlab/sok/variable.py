@@ -6,6 +6,9 @@ strategy's variable creator (a per-worker shape cannot be mirrored: its broadcas
 gradient in `strategy.run` is a local `IndexedSlices`, never all-reduced; `OptimizerWrapper`
 updates it locally. Keep shards out of Keras' weight lists (they are not `keras.Variable`s):
 pass them to the tape and to `OptimizerWrapper` yourself.
+
+A shard of 32 MiB and more on the CPU starts in a 2 MiB-aligned huge-page mapping of its own
+(`embedlab._tables`), as EmbedLab's other tables do; the lookups and optimizers update it in place.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
+from .. import _tables
 from ..plugin.placement import device_keys, distributed_owner
 from . import _context
 
@@ -105,7 +109,7 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
             global_shape = [int(shape[0]), int(shape[1])]
             local = self._local_rows(kind, target, global_shape[0], ctx)
             init = initial_value
-            value = lambda: tf.cast(init([local, global_shape[1]], dtype=dtype), dtype)  # noqa: E731
+            value = lambda: _tables.aligned(tf.cast(init([local, global_shape[1]], dtype=dtype), dtype))  # noqa: E731
         else:
             full = np.asarray(initial_value) if not isinstance(initial_value, tf.Tensor) else initial_value.numpy()
             if full.ndim != 2:
@@ -125,6 +129,8 @@ class Variable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
         self.num_workers = ctx.world_size
         self.table_name = name
         with tf.init_scope(), tf.device(ctx.device):
+            if not callable(value):
+                value = _tables.aligned(value)     # a copy on this worker's device (placed: see above)
             super().__init__(initial_value=value, dtype=dtype, name=name, trainable=trainable, **kwargs)
 
     @staticmethod
