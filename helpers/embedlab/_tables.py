@@ -3,18 +3,29 @@ own that starts on a 2 MiB boundary and is backed by 2 MiB huge pages.
 
 Why: TensorFlow's CPU allocator starts every large buffer 64 bytes into a page, so a 256-byte row
 (dim 64) straddles three 128-byte cache-line pairs instead of two. On the 2-core VM, 26 tables of
-1M x 64, the op's train step in a `tf.function` took 7.5-8.1 ms on such tables and 5.7 ms on
-placed ones, the forward 2.3-2.7 against 2.0-2.2 ms (helpers/benchmarks/RESULTS.md, lookup_cpu,
-*Tables placed by EmbedLab*).
+1M x 64, the op's SGD train step in a `tf.function` took 7.5-8.1 ms on such tables and 5.7 ms on
+placed ones, the forward 2.3-2.7 against 2.0-2.2 ms; the fused Adam step on 26 tables of
+250,000 x 64 took 10.0-10.2 ms with the tables and Adam's state placed, 10.6-11.1 ms with the
+state in TensorFlow's buffers, 10.8-10.9 ms with nothing placed (helpers/benchmarks/RESULTS.md,
+lookup_cpu, *Tables placed by EmbedLab*).
 
 How a table gets there (the op library's csrc/tf/table_memory.h): `aligned(value)` (op
 `EmbedLabAlignedTable`) copies an initial value into such a mapping, and a `tf.Variable` (or a
 Keras variable) built from it keeps that buffer, since TensorFlow's variables adopt their initial
 value's buffer. `assign(variable, value)` (op `EmbedLabAssignTable`) gives a table a new value and
 keeps it there: in place when no one else holds the buffer, else in a new mapping.
-`EmbeddingLayer` and `FusedEmbedding` create their tables with `aligned` (`initializer`), and
-load and restore them with `assign`; the lookups read them where they are. The sparse optimizers
-update the rows in place, so training keeps a table where it is.
+What is placed (created with `aligned` or `initializer`; a whole new value goes in with `assign`):
+- `EmbeddingLayer`'s and `FusedEmbedding`'s tables;
+- the state `embedlab.optimizers` keeps for a table (Adam's moments, Adagrad's accumulator;
+  written back on Keras loading);
+- the Session's working tables and `TFOptimizer`'s state of a table (oversubscription's per-pass
+  writes and model loading write them in place);
+- `embedlab.sok`'s shards (`sok.Variable`), the first-generation layers' tables and
+  `OptimizerWrapper`'s state of a static shard (`sok.load`, `Saver.restore_from_file`).
+Not placed: `sok.DynamicVariable` (it grows by concatenation), the tutorials' plain TensorFlow
+tables. The lookups read the tables where they are; the sparse optimizers update the rows in
+place, so training keeps a table where it is, except the Session's Global MomentumSGD / Nesterov
+update, whose dense rule gives the table TensorFlow's buffer at its first step.
 
 What moves a table back into TensorFlow's allocator: TensorFlow's own `variable.assign(value)`
 and `tf.train.Checkpoint.restore` (the variable takes the value's buffer). The lookup does not
