@@ -16,8 +16,9 @@
 // bounds the hit path at dim 16 (RESULTS.md, hps). A dynamic cache keeps each way's stamp in a
 // sector the hit reads anyway (embedding_cache.h): at dims > 16 the word after its key copy, in a
 // 16-byte slot word that one load brings with the key and that stays in L2 (evict_last) for the
-// stamp write, so that a dynamic hit reads no more sectors than a static one (dim 128, H100: 0.688
-// ms where stamps beside the tags, 32 bytes per set, 16.8 MB, took 0.735 ms); at dims <= 16,
+// stamp write, so that a dynamic hit reads no more sectors than a static one (dim 128, H100: 0.678
+// ms against the static cache's 0.676, where stamps beside the tags, 32 bytes per set, 16.8 MB,
+// took 0.735 ms in an earlier version of this kernel); at dims <= 16,
 // beside the set's tags in one 32-byte sector per set, which there measured faster than a stamp
 // in the record (0.167 against 0.179 ms between inserts, 0.206 against 0.245 ms after an insert:
 // every hit then dirties its own record sector, against one sector per set). One "group" of G
@@ -213,13 +214,13 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
   const int64_t s = static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(c.num_sets)));
   uint32_t cand = tag_match(c, s, tag_of(h), keep);
   int64_t slot = -1;
-  uint16_t stamp = 0;
   T x[SPEC];
   while (cand) {
     const int64_t sl = s * c.ways + (__ffs(cand) - 1);
     cand &= cand - 1;
     const T* base = reinterpret_cast<const T*>(c.values) + sl * rec;
     int64_t k;
+    uint16_t stamp = 0;
     if (STAMPS == kStampInSlotWord) {  // the key copy and its stamp, one 16-byte load, kept in L2
       const longlong2 w = load_slot_word(c.slot_words + 2 * sl, keep);
       k = w.x;
@@ -235,6 +236,10 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
     }
     if (k == key) {
       slot = sl;
+      // Stamped here, not after the row is stored: the stamp's register is then free before
+      // the stores (dim 128 under the 32-register cap: no spill, where stamping last spilled 4
+      // bytes per thread). Written only when it differs, like the stamp in the set below.
+      if (STAMPS == kStampInSlotWord && lane == 0 && stamp != epoch) *c.stamp_in_slot_word(sl) = epoch;
       break;
     }
   }
@@ -251,13 +256,13 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
   }
   const T* src = reinterpret_cast<const T*>(c.values) + slot * rec + off;
   for (int j = lane + SPEC * G; j < cols; j += G) __stcs(dst + j, __ldcs(src + j));
-  // The stamp shares the sector of the tags or of the key copy just read. Written only when it
-  // differs: between two insert() calls a row is stamped once, however often it is hit.
+  // The stamp shares the sector of the tags just read (a slot word's stamp was written above).
+  // Written only when it differs: between two insert() calls a row is stamped once, however
+  // often it is hit.
   if (STAMPS == kStampInSet && lane == 0) {  // in the sector of the tags just read
     uint16_t* st = c.stamp_in_set(s, slot);
     if (*st != epoch) *st = epoch;
   }
-  if (STAMPS == kStampInSlotWord && lane == 0 && stamp != epoch) *c.stamp_in_slot_word(slot) = epoch;
 }
 
 __device__ __forceinline__ uint32_t lock_set(uint32_t* version) {
