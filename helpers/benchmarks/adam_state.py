@@ -4,7 +4,9 @@
 backward + lazy Adam in one op), batch B, 1-3 uniform keys per row, sum, in a `tf.function` of K
 steps (the ids are graph constants, a fresh batch per step); it prints (and with `--out` writes)
 one JSON record: the median ms per step, how many tables and state tables start 2 MiB-aligned,
-their addresses mod 4096, and a digest of table 0 and its state (equal across the cases).
+their addresses mod 4096, a digest of table 0 and its state (equal across the cases), and what
+building Adam's state (zeros as large as the tables) took: seconds and the process's peak RSS
+before and after it.
 Run it once per case, alternating processes (RESULTS.md, lookup_cpu, *Tables placed by EmbedLab*):
 
     .venv/bin/python helpers/benchmarks/adam_state.py                        # placed
@@ -14,7 +16,7 @@ Run it once per case, alternating processes (RESULTS.md, lookup_cpu, *Tables pla
 `--state keras` removes `_SparseMixin.add_variable_from_reference` in its own process, so Keras
 builds Adam's state in TensorFlow's buffers (as the optimizers did before they placed it).
 """
-import argparse, hashlib, json, os, platform, time
+import argparse, hashlib, json, os, platform, resource, time
 import numpy as np
 from embedlab import import_tensorflow
 tf = import_tensorflow()
@@ -41,9 +43,13 @@ rng = np.random.default_rng(0)
 t0 = time.perf_counter()
 tables = [tf.Variable(_tables.aligned(tf.random.stateless_uniform([R, D], [j, 1], -0.05, 0.05)), name=f"t{j}")
           for j in range(T)]
+rss_tables_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t1 = time.perf_counter()
 opt = eopt.Adam(0.001)
-opt.build(tables)
+opt.build(tables)                    # Adam's m and v: zeros, as large as the tables
 build_s = time.perf_counter() - t0
+state_build_s = time.perf_counter() - t1
+rss_state_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 batches = []
 for k in range(K):
     ids = []
@@ -74,7 +80,8 @@ for v in (tables[0], *opt.slot_variables(tables[0])):
 res = dict(state=a.state, script="helpers/benchmarks/adam_state.py", aligned_tables_env=os.environ.get("EMBEDLAB_ALIGNED_TABLES", ""),
            tables=T, rows=R, dim=D, batch=B, keys_per_row="1-3 uniform", steps_per_call=K, repeats=a.repeats,
            step_ms_median=float(np.median(times)), step_ms_min=float(np.min(times)), step_ms_all=[round(x, 3) for x in times],
-           fused_backward_adam_op=fused, build_s=round(build_s, 1),
+           fused_backward_adam_op=fused, build_s=round(build_s, 1), state_build_s=round(state_build_s, 2),
+           peak_rss_gib_after_tables=round(rss_tables_kib / 2**20, 2), peak_rss_gib_after_state=round(rss_state_kib / 2**20, 2),
            tables_placed=sum(mod(v) == 0 for v in tables), slots_placed=sum(mod(v) == 0 for v in slots), slots=len(slots),
            table_addr_mod_4096=sorted({_tables.address(v) % 4096 for v in tables + slots}),
            digest_table0_and_state=h.hexdigest()[:16], loadavg=os.getloadavg()[0],

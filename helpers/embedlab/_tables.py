@@ -10,11 +10,13 @@ state in TensorFlow's buffers, 10.8-10.9 ms with nothing placed (helpers/benchma
 lookup_cpu, *Tables placed by EmbedLab*).
 
 How a table gets there (the op library's csrc/tf/table_memory.h): `aligned(value)` (op
-`EmbedLabAlignedTable`) copies an initial value into such a mapping, and a `tf.Variable` (or a
-Keras variable) built from it keeps that buffer, since TensorFlow's variables adopt their initial
-value's buffer. `assign(variable, value)` (op `EmbedLabAssignTable`) gives a table a new value and
+`EmbedLabAlignedTable`) copies an initial value into such a mapping, `zeros(shape)` (op
+`EmbedLabZerosTable`) gives a fresh one, zero as mapped (no copy, no page touched until written),
+and a `tf.Variable` (or a Keras variable) built from either keeps that buffer, since TensorFlow's
+variables adopt their initial value's buffer. `assign(variable, value)` (op `EmbedLabAssignTable`) gives a table a new value and
 keeps it there: in place when no one else holds the buffer, else in a new mapping.
-What is placed (created with `aligned` or `initializer`; a whole new value goes in with `assign`):
+What is placed (created with `aligned`, `zeros` or `initializer`; a whole new value goes in with
+`assign`):
 - `EmbeddingLayer`'s and `FusedEmbedding`'s tables;
 - the state `embedlab.optimizers` keeps for a table (Adam's moments, Adagrad's accumulator;
   written back on Keras loading);
@@ -45,7 +47,7 @@ import tensorflow as tf
 
 from . import _native
 
-__all__ = ["aligned", "initializer", "assign", "address", "LARGE_TABLE_BYTES", "ALIGNMENT"]
+__all__ = ["aligned", "zeros", "initializer", "assign", "address", "LARGE_TABLE_BYTES", "ALIGNMENT"]
 
 LARGE_TABLE_BYTES = 32 << 20   # csrc/core/memory.h kLargeTableBytes
 ALIGNMENT = 2 << 20            # csrc/core/memory.h kTableAlignment
@@ -88,9 +90,43 @@ def aligned(value):
         return _native.tf_ops().embed_lab_aligned_table(value)
 
 
+def zeros(shape, dtype=tf.float32):
+    """A `[rows, dim]` table of zeros, as `aligned(tf.zeros(shape))` gives, without its cost.
+
+    Args:
+        shape: `[rows, dim]`.
+        dtype: float32 (other dtypes: `tf.zeros`, TensorFlow's buffer).
+
+    Returns:
+        A float32 tensor of zeros. Of 32 MiB and more on the CPU, a fresh aligned huge-page mapping
+        (op `EmbedLabZerosTable`): zero as mapped, so nothing is copied and no page is touched
+        until the table is first written, where `aligned(tf.zeros(...))` holds the table twice
+        while it copies and faults in every page. Build a `tf.Variable` from it, as from `aligned`.
+
+    Example:
+        >>> v = tf.Variable(zeros([1 << 20, 8]))
+        >>> address(v) % ALIGNMENT, float(tf.reduce_sum(v))
+        (0, 0.0)
+    """
+    dims = [int(d) for d in shape]
+    if len(dims) != 2 or min(dims) < 0:
+        raise ValueError(f"embedlab._tables.zeros: shape must be [rows, dim], got {list(shape)}")
+    if tf.as_dtype(dtype) != tf.float32:
+        return tf.zeros(dims, dtype)
+    # Placed only where `aligned(tf.zeros(shape))` would place it: where TensorFlow puts a zeros
+    # tensor under the device scope in force (a GPU, where one is visible and no CPU scope is
+    # set, keeps tf.zeros).
+    probe = tf.zeros([])
+    if not _on_cpu(probe) or dims[0] * dims[1] * 4 < LARGE_TABLE_BYTES:
+        return tf.zeros(dims)
+    with tf.device(getattr(probe, "device", "") or None):
+        return _native.tf_ops().embed_lab_zeros_table(tf.constant(dims, tf.int64), T=tf.float32)
+
+
 def initializer(init):
     """A Keras initializer (`init(shape, dtype=None)`, any callable of that form) whose value is
-    put in a table mapping by `aligned`: give it to `add_weight` for an embedding table.
+    put in a table mapping by `aligned` (`zeros` for Keras's zeros initializer): give it to
+    `add_weight` for an embedding table.
 
     Example:
         >>> import keras
@@ -98,7 +134,12 @@ def initializer(init):
         >>> float(init((4, 2), "float32")[0, 0])
         0.5
     """
+    import keras
+
     def build(shape, dtype=None, **kwargs):
+        if (isinstance(init, keras.initializers.Zeros) and len(shape) == 2
+                and tf.as_dtype(dtype or "float32") == tf.float32):
+            return zeros(shape)
         return aligned(init(shape, dtype=dtype, **kwargs))
     return build
 
@@ -123,8 +164,9 @@ def assign(variable, value) -> None:
 
     The values are copied into the variable's own mapping when no one else holds it (a read
     value, a DLPack view, another variable), else into a new mapping; whoever held the old buffer
-    keeps the old values, as with `assign`. Other variables (under 32 MiB, on a GPU, not float32)
-    and `EMBEDLAB_ALIGNED_TABLES=0` get TensorFlow's `assign`.
+    keeps the old values, as with `assign`. Other variables (under 32 MiB, on a GPU, not float32,
+    mirrored by a `tf.distribute` strategy) and `EMBEDLAB_ALIGNED_TABLES=0` get TensorFlow's
+    `assign`.
 
     Args:
         variable: a `tf.Variable` or Keras variable.
@@ -141,14 +183,22 @@ def assign(variable, value) -> None:
         (1.0, 0)
     """
     var = _variable(variable, "assign")
-    value = tf.convert_to_tensor(value, dtype=var.dtype)
-    if not var.shape.is_compatible_with(value.shape):
-        raise ValueError(f"embedlab._tables.assign: value of shape {value.shape} for variable {var.name!r} "
-                         f"of shape {var.shape}")
-    if not (_large(value) and _on_cpu(var.handle) and _enabled()):
+    if isinstance(var, tf.distribute.DistributedValues):
+        # A variable of a tf.distribute strategy (one copy per replica): its handle exists only
+        # inside a replica, so the strategy's own assign writes every copy.
         var.assign(value)
         return
+    # The value is made where the variable lives: where a GPU is visible, a NumPy value converted
+    # with no device scope can land on it, and the table would then leave its mapping (or make a
+    # round trip through the GPU) only because of where its new value was put.
     with tf.device(var.handle.device or None):
+        value = tf.convert_to_tensor(value, dtype=var.dtype)
+        if not var.shape.is_compatible_with(value.shape):
+            raise ValueError(f"embedlab._tables.assign: value of shape {value.shape} for variable {var.name!r} "
+                             f"of shape {var.shape}")
+        if not (_large(value) and _on_cpu(var.handle) and _enabled()):
+            var.assign(value)
+            return
         _native.tf_ops().embed_lab_assign_table(var.handle, value)
 
 

@@ -159,6 +159,48 @@ def test_training_keeps_tables_aligned_and_trains_the_same_bits(rng):
     assert _tables.address(v) % A == 0
 
 
+def test_zeros_is_a_fresh_mapping_that_nothing_touched(rng):
+    """`zeros` gives a large table a mapping of its own that is zero as mapped: no copy, no page
+    touched until written; small tables come as tf.zeros gives them; a bad shape is refused."""
+    gc.collect()
+    base = _rss()
+    v = tf.Variable(_tables.zeros([ROWS * 4, DIM]))                  # 128 MiB
+    assert _rss() - base < 16 << 20                                    # nothing faulted in
+    assert _tables.address(v) % A == 0
+    assert not tf.reduce_any(v != 0.0).numpy()
+    ids = _ids(rng)
+    x = _table(rng, 150, DIM)
+    w = tf.Variable(tf.zeros([ROWS * 4, DIM]))
+    for var in (v, w):                                                 # trained like tf.zeros' table
+        sgd = eopt.SGD(0.5)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(ops.fused_embedding_lookup([var], [ids], "sum", optimizer=sgd)[0] * x)
+        tape.gradient(loss, [var])
+    assert v.numpy().tobytes() == w.numpy().tobytes() and v.numpy().any()
+    assert _tables.address(v) % A == 0
+    small = _tables.zeros([1000, 4])
+    assert small.shape == (1000, 4) and not small.numpy().any()
+    with pytest.raises(ValueError, match=r"shape must be \[rows, dim\]"):
+        _tables.zeros([4, 4, 4])
+
+
+def test_assign_op_refuses_another_shape_or_dtype_and_changes_nothing(rng):
+    """The op itself (under the Python wrapper's checks) refuses a value of another shape, or a
+    variable of another dtype, naming both, and leaves the table as it was."""
+    from embedlab import _native
+    x = _table(rng)
+    v = tf.Variable(_tables.aligned(x))
+    addr = _tables.address(v)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"EmbedLabAssignTable: value of shape \[%d,%d\] "
+                       r"for a variable of shape \[%d,%d\]" % (ROWS * 2, DIM // 2, ROWS, DIM)):
+        _native.tf_ops().embed_lab_assign_table(v.handle, tf.zeros([ROWS * 2, DIM // 2]))
+    d = tf.Variable(tf.zeros([ROWS, DIM], tf.float64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="value of dtype float for a variable of dtype double"):
+        _native.tf_ops().embed_lab_assign_table(d.handle, tf.zeros([ROWS, DIM]))
+    assert _tables.address(v) == addr and v.numpy().tobytes() == x.tobytes()
+    assert d.dtype == tf.float64 and not d.numpy().any()
+
+
 def test_checkpoints_restore_values_and_place_by_path(rng, tmp_path):
     """tf.train.Checkpoint restores the values; its assign takes TensorFlow's buffer, and
     `_tables.assign` of the restored value puts the table back."""
@@ -180,7 +222,9 @@ def test_memory_is_released_with_the_variable(rng):
     created = _rss()
     assert created - base > 0.8 * 4 * (64 << 20)
     for v in vs:                               # assigning in place holds no second copy
+        before = _tables.address(v)
         _tables.assign(v, tf.fill([ROWS * 2, DIM], 2.0))
+        assert _tables.address(v) == before
     assigned = _rss()
     assert assigned - created < 1.5 * (64 << 20)
     del vs, v
@@ -200,9 +244,33 @@ def test_aligned_tables_off_keeps_tensorflows_buffers():
         _tables.assign(v, x * 2)
         out = ops.fused_embedding_lookup([v], [ids], "sum")[0].numpy()
         assert out[2, 0] == 6.0
-        print(_tables.address(v) % _tables.ALIGNMENT != 0)
+        z = tf.Variable(_tables.zeros(x.shape))
+        assert not z.numpy().any()
+        print(_tables.address(v) % _tables.ALIGNMENT != 0 and _tables.address(z) % _tables.ALIGNMENT != 0)
     """)
     env = dict(os.environ, EMBEDLAB_ALIGNED_TABLES="0", TF_CPP_MIN_LOG_LEVEL="3")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_assign_to_a_mirrored_variable_writes_every_copy():
+    """A variable of a tf.distribute strategy keeps one copy per replica, and its `handle` outside
+    a replica is the first copy's: `assign` gives it the strategy's own assign, which writes every
+    copy (two logical CPUs, set before TensorFlow starts, hence a child process)."""
+    code = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        from embedlab import _tables
+        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+        with strategy.scope():
+            v = tf.Variable(tf.zeros([1 << 20, 8]))
+        x = np.random.default_rng(0).uniform(-1, 1, (1 << 20, 8)).astype(np.float32)
+        _tables.assign(v, x)
+        print([c.numpy().tobytes() == x.tobytes() for c in strategy.experimental_local_results(v)])
+    """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[True, True]"

@@ -1,7 +1,8 @@
 // Where the CPU ops' large tables live: a TensorFlow Allocator over csrc/core's map_table (each
 // table its own mapping, 2 MiB-aligned, advised onto huge pages before first touch), used by
-// EmbedLabAlignedTable (a table's initial value) and EmbedLabAssignTable (a table's new value:
-// restore, set_table) in table_memory_kernels.cc.
+// EmbedLabAlignedTable (a table's initial value), EmbedLabZerosTable (a table or state that starts
+// at zero: the fresh mapping itself) and EmbedLabAssignTable (a table's new value: restore,
+// set_table) in table_memory_kernels.cc.
 //
 // Why: TensorFlow's CPU allocator starts every large buffer 64 bytes into a page, and the
 // forward reads such a table 4-22 % slower than a 2 MiB-aligned one at dim 64 (2-core VM,
@@ -109,12 +110,20 @@ inline absl::Status AlignedCopy(const Tensor& src, TfPool& pool, Tensor* out) {
 // keeps the old values, as with TensorFlow's AssignVariableOp). TensorFlow's own assign would
 // give the variable the value's buffer, of TensorFlow's allocator. Takes the variable's writer
 // lock.
+// A value of another dtype, or (once the variable holds a value) of another shape, is refused
+// and changes nothing, as TensorFlow's AssignVariableOp does with validate_shape.
 inline absl::Status AssignTable(OpKernelContext* ctx, Var* var, const Tensor& value) {
   mutex_lock l(*var->mu());
   Tensor* t = var->tensor();
+  if (t->dtype() != value.dtype())
+    return errors::InvalidArgument("EmbedLabAssignTable: value of dtype ", DataTypeString(value.dtype()),
+                                   " for a variable of dtype ", DataTypeString(t->dtype()));
+  if (var->is_initialized && t->IsInitialized() && t->shape() != value.shape())
+    return errors::InvalidArgument("EmbedLabAssignTable: value of shape ", value.shape().DebugString(),
+                                   " for a variable of shape ", t->shape().DebugString());
   TfPool pool(ctx);
-  if (var->is_initialized && t->IsInitialized() && t->dtype() == value.dtype() && t->shape() == value.shape() &&
-      IsTableAligned(*t) && t->RefCountIsOne()) {
+  if (var->is_initialized && t->IsInitialized() && t->shape() == value.shape() && IsTableAligned(*t) &&
+      t->RefCountIsOne()) {
     ParallelCopy(value, t, pool);
     return absl::OkStatus();
   }

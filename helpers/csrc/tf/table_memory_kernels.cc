@@ -1,7 +1,9 @@
-// CPU kernels of EmbedLabAlignedTable, EmbedLabAssignTable and EmbedLabTableAddress (ops: table_memory_ops.cc).
+// CPU kernels of EmbedLabAlignedTable, EmbedLabZerosTable, EmbedLabAssignTable and EmbedLabTableAddress
+// (ops: table_memory_ops.cc).
 #define EIGEN_USE_THREADS
 
 #include <cstdint>
+#include <cstring>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -35,6 +37,39 @@ class AlignedTableOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabAlignedTable").Device(DEVICE_CPU).TypeConstraint<float>("T"), AlignedTableOp);
 
+class ZerosTableOp : public OpKernel {
+ public:
+  explicit ZerosTableOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& shape_t = ctx->input(0);
+    OP_REQUIRES(ctx, shape_t.dims() == 1 && shape_t.NumElements() == 2,
+                errors::InvalidArgument("EmbedLabZerosTable: shape must be [rows, dim], got a tensor of shape ",
+                                        shape_t.shape().DebugString()));
+    const auto dims = shape_t.vec<int64_t>();
+    OP_REQUIRES(ctx, dims(0) >= 0 && dims(1) >= 0,
+                errors::InvalidArgument("EmbedLabZerosTable: shape must be [rows, dim] with rows, dim >= 0, got [",
+                                        dims(0), ", ", dims(1), "]"));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({dims(0), dims(1)}, &shape));
+    if (embedlab::aligned_tables_enabled() &&
+        static_cast<uint64_t>(shape.num_elements()) * sizeof(float) >= embedlab::kLargeTableBytes) {
+      Tensor t(embedlab_tf::TableAllocator::Get(), DT_FLOAT, shape);   // a fresh mapping reads as zeros
+      OP_REQUIRES(ctx, t.IsInitialized(),
+                  errors::ResourceExhausted("EmbedLabZerosTable: could not map ", shape.num_elements() * sizeof(float),
+                                            " bytes for a table of shape ", shape.DebugString()));
+      ctx->set_output(0, t);
+      return;
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &out));
+    std::memset(const_cast<char*>(out->tensor_data().data()), 0, out->TotalBytes());
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("EmbedLabZerosTable").Device(DEVICE_CPU).TypeConstraint<float>("T").HostMemory("shape"),
+                        ZerosTableOp);
+
 class AssignTableOp : public OpKernel {
  public:
   explicit AssignTableOp(OpKernelConstruction* c) : OpKernel(c) {}
@@ -45,7 +80,8 @@ class AssignTableOp : public OpKernel {
     const Tensor& value = ctx->input(1);
     OP_REQUIRES(ctx, embedlab_tf::IsLargeTable(value),
                 errors::InvalidArgument("EmbedLabAssignTable: value of ", value.TotalBytes(),
-                                        " bytes is no large table (assign it with AssignVariableOp)"));
+                                        " bytes is no large table, or EMBEDLAB_ALIGNED_TABLES=0 turned table "
+                                        "placement off (assign it with AssignVariableOp)"));
     OP_REQUIRES_OK(ctx, embedlab_tf::AssignTable(ctx, var.get(), value));
   }
 };

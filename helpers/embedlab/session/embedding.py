@@ -194,7 +194,7 @@ class Embedding:
         self.S = spec.input.slot_num
         # 32 MiB and more on the CPU: a 2 MiB-aligned huge-page mapping of its own (`_tables`);
         # the lookups, the optimizers and the per-pass writes update it in place.
-        self.table = tf.Variable(_tables.aligned(tf.zeros([self.capacity, self.vec])), name=f"{spec.name}_table")
+        self.table = tf.Variable(_tables.zeros([self.capacity, self.vec]), name=f"{spec.name}_table")
         o = spec.optimizer
         self.compiled = o.update_type != "Global" and o.type in ("Adam", "SGD")
         self.tfopt = TFOptimizer(o)

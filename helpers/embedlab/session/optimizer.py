@@ -29,9 +29,9 @@ class TFOptimizer:
 
     def make_slots(self, var_shape, name, table: bool = False):
         """The update rule's state of a variable (zeros). `table`: an embedding table's state,
-        placed as the table is (`_tables.aligned`: 32 MiB and more on the CPU)."""
-        place = _tables.aligned if table else (lambda x: x)
-        return [tf.Variable(place(tf.zeros(var_shape)), trainable=False, name=f"{name}_slot{i}")
+        placed as the table is (`_tables.zeros`: 32 MiB and more on the CPU)."""
+        make = _tables.zeros if table else tf.zeros
+        return [tf.Variable(make(var_shape), trainable=False, name=f"{name}_slot{i}")
                 for i in range(self.nslots)]
 
     def rule(self, w, g, slots, lr, t):
