@@ -124,9 +124,10 @@ def zeros(shape, dtype=tf.float32):
 
 
 def initializer(init):
-    """A Keras initializer (`init(shape, dtype=None)`, any callable of that form) whose value is
-    put in a table mapping by `aligned` (`zeros` for Keras's zeros initializer): give it to
-    `add_weight` for an embedding table.
+    """A Keras initializer whose value is put in a table mapping by `aligned` (`zeros` for Keras's
+    zeros initializer): give it to `add_weight` for an embedding table. `init` is anything
+    `keras.initializers.get` takes: a name ("zeros"), a config, or a callable
+    `init(shape, dtype=None)`.
 
     Example:
         >>> import keras
@@ -135,6 +136,7 @@ def initializer(init):
         0.5
     """
     import keras
+    init = keras.initializers.get(init)
 
     def build(shape, dtype=None, **kwargs):
         if (isinstance(init, keras.initializers.Zeros) and len(shape) == 2

@@ -153,7 +153,7 @@ class _SparseMixin:
         # its initial value in an aligned huge-page mapping (`_tables.aligned`: 32 MiB and more,
         # float32, on the CPU; anything else stays as Keras makes it).
         return super().add_variable_from_reference(
-            reference_variable, name=name, initializer=_tables.initializer(keras.initializers.get(initializer)))
+            reference_variable, name=name, initializer=_tables.initializer(initializer))
 
     def load_own_variables(self, store):
         # Keras's loading, with each variable written through `_tables.assign`: large state

@@ -93,11 +93,12 @@ inline void ParallelCopy(const Tensor& src, Tensor* dst, TfPool& pool) {
   });
 }
 
-// A copy of `src` in a TableAllocator mapping.
-inline absl::Status AlignedCopy(const Tensor& src, TfPool& pool, Tensor* out) {
+// A copy of `src` in a TableAllocator mapping (`op` names the caller in the error).
+inline absl::Status AlignedCopy(const char* op, const Tensor& src, TfPool& pool, Tensor* out) {
   Tensor t(TableAllocator::Get(), src.dtype(), src.shape());
   if (!t.IsInitialized())
-    return errors::ResourceExhausted("EmbedLab: could not map ", src.TotalBytes(), " bytes for a table");
+    return errors::ResourceExhausted(op, ": could not map ", src.TotalBytes(), " bytes for a table of shape ",
+                                     src.shape().DebugString(), " (mmap failed: out of memory or address space)");
   ParallelCopy(src, &t, pool);
   *out = std::move(t);
   return absl::OkStatus();
@@ -128,7 +129,7 @@ inline absl::Status AssignTable(OpKernelContext* ctx, Var* var, const Tensor& va
     return absl::OkStatus();
   }
   Tensor fresh;
-  TF_RETURN_IF_ERROR(AlignedCopy(value, pool, &fresh));
+  TF_RETURN_IF_ERROR(AlignedCopy("EmbedLabAssignTable", value, pool, &fresh));
   *t = std::move(fresh);
   var->is_initialized = true;
   return absl::OkStatus();

@@ -30,7 +30,7 @@ class AlignedTableOp : public OpKernel {
     }
     Tensor out;
     embedlab_tf::TfPool pool(ctx);
-    OP_REQUIRES_OK(ctx, embedlab_tf::AlignedCopy(value, pool, &out));
+    OP_REQUIRES_OK(ctx, embedlab_tf::AlignedCopy("EmbedLabAlignedTable", value, pool, &out));
     ctx->set_output(0, out);
   }
 };
@@ -57,7 +57,8 @@ class ZerosTableOp : public OpKernel {
       Tensor t(embedlab_tf::TableAllocator::Get(), DT_FLOAT, shape);   // a fresh mapping reads as zeros
       OP_REQUIRES(ctx, t.IsInitialized(),
                   errors::ResourceExhausted("EmbedLabZerosTable: could not map ", shape.num_elements() * sizeof(float),
-                                            " bytes for a table of shape ", shape.DebugString()));
+                                            " bytes for a table of shape ", shape.DebugString(),
+                                            " (mmap failed: out of memory or address space)"));
       ctx->set_output(0, t);
       return;
     }

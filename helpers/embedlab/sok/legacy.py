@@ -88,7 +88,7 @@ class _EmbeddingBase(keras.layers.Layer):
         with local_variable_scope():
             self.embedding_variable = self.add_weight(
                 shape=(self.max_vocabulary_size_per_gpu, self.embedding_vec_size),
-                initializer=_tables.initializer(keras.initializers.get(self.embedding_initializer)),
+                initializer=_tables.initializer(self.embedding_initializer),
                 trainable=True, name="EmbeddingVariable",
                 autocast=False)   # as SOK: the table stays in the policy's variable dtype
         v = self.embedding_variable

@@ -101,7 +101,7 @@ class OptimizerWrapper:
                 # A shard's state of 32 MiB and more on the CPU is placed as the shard is.
                 v = BaseOptimizer.add_variable_from_reference(
                     self._opt, reference_variable, name=name,
-                    initializer=_tables.initializer(keras.initializers.get(initializer)))
+                    initializer=_tables.initializer(initializer))
             self._slots.setdefault(id(reference_variable), {})[name] = v
             return v
 
