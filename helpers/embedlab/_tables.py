@@ -13,8 +13,9 @@ How a table gets there (the op library's csrc/tf/table_memory.h): `aligned(value
 `EmbedLabAlignedTable`) copies an initial value into such a mapping, `zeros(shape)` (op
 `EmbedLabZerosTable`) gives a fresh one, zero as mapped (no copy, no page touched until written),
 and a `tf.Variable` (or a Keras variable) built from either keeps that buffer, since TensorFlow's
-variables adopt their initial value's buffer. `assign(variable, value)` (op `EmbedLabAssignTable`) gives a table a new value and
-keeps it there: in place when no one else holds the buffer, else in a new mapping.
+variables adopt their initial value's buffer. `assign(variable, value)` (op `EmbedLabAssignTable`)
+gives a table a new value and keeps it there: in place when no one else holds the buffer, else in
+a new mapping.
 What is placed (created with `aligned`, `zeros` or `initializer`; a whole new value goes in with
 `assign`):
 - `EmbeddingLayer`'s and `FusedEmbedding`'s tables;
@@ -186,8 +187,8 @@ def assign(variable, value) -> None:
     """
     var = _variable(variable, "assign")
     if isinstance(var, tf.distribute.DistributedValues):
-        # A variable of a tf.distribute strategy (one copy per replica): its handle exists only
-        # inside a replica, so the strategy's own assign writes every copy.
+        # A variable of a tf.distribute strategy (one copy per replica): outside a replica its
+        # handle is the first copy's alone, so the strategy's own assign writes every copy.
         var.assign(value)
         return
     # The value is made where the variable lives: where a GPU is visible, a NumPy value converted
