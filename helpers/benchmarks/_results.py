@@ -31,6 +31,23 @@ def cpu_name() -> str:
     return platform.machine()
 
 
+def cpu_family_model() -> str:
+    """'family F model M' of the CPU from /proc/cpuinfo ('' where it is not there): one slug covers
+    hosts of different generations (an AMD EPYC of family 25 or of family 26), this tells them apart."""
+    fields = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("cpu family", "model") and key not in fields:
+                fields[key] = value.strip()
+            if not line.strip() and fields:
+                break
+    except OSError:
+        return ""
+    return f"family {fields['cpu family']} model {fields['model']}" if len(fields) == 2 else ""
+
+
 def cpu_machine() -> str:
     """A slug for this CPU machine: vendor and family, then the core count ('amd-epyc-2c')."""
     words = slug(cpu_name()).split("-")

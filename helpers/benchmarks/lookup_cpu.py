@@ -769,7 +769,8 @@ def main():
             pass
     if not results and not peer_results:
         sys.exit("no dimension fitted in memory; nothing measured")
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
+    machine = {"cpu": _cpu_name(), "cpu_family_model": _results.cpu_family_model(), "cores": os.cpu_count(),
+               "python": platform.python_version(),
                "tensorflow": tf.__version__, "keras": keras.__version__,
                "embedlab": embedlab.__version__, "embedlab_cpu_isa": embedlab.build_info().get("cpu_isa"),
                "torch": torch.__version__ if torch is not None else None}
