@@ -34,6 +34,22 @@ const char* cpu_isa_name(CpuIsa isa);
 // "baseline,avx2,avx512".
 const char* cpu_isas_built();
 
+// Where the forward's software prefetches put the table rows it is about to read: true for L2
+// (PREFETCHT1), false for L1 (PREFETCHT0, FBGEMM's choice). Which is faster depends on the core:
+// on the 2-core AMD EPYC VM a plain read of the forward's random rows, and the forward itself,
+// ran fastest into L1 on a Zen 5 host and into L2 on a Zen 4 one (the forward at dim 16: 0.88-1.10
+// against 1.61-1.65 ms; helpers/benchmarks/RESULTS.md, lookup_cpu, *on a Zen 4 host*). Chosen
+// once: L2 on Zen 4 (AMD family 0x19, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf), L1 elsewhere,
+// unless the environment variable EMBEDLAB_PREFETCH_LEVEL says `l1` or `l2` (embedlab._native
+// rejects other values before a library loads). Never changes results, only speed.
+// Read per key by the forward, hence an inline load of a flag set when the library loads.
+namespace detail {
+extern bool forward_prefetch_l2_flag;
+}  // namespace detail
+inline bool forward_prefetch_to_l2() { return detail::forward_prefetch_l2_flag; }
+// "l1" | "l2": forward_prefetch_to_l2() as a name.
+const char* forward_prefetch_level();
+
 // The copy of a kernel file's table of entry points that this process runs: the one of the
 // instruction set cpu_isa() chose (`avx2`, `avx512`: nullptr where that copy is not built, and
 // cpu_isa() never chooses a copy that was not built). Each kernel file keeps the result in a
@@ -59,3 +75,5 @@ const Table& table_for_cpu_isa(const Table& baseline, const Table* avx2, const T
 // For callers that see only the shared library (ctypes, tests): the instruction set its
 // kernels run, "baseline", "avx2" or "avx512" (cpu_isa_name(cpu_isa())).
 extern "C" __attribute__((visibility("default"))) const char* embedlab_cpu_isa();
+// Likewise, where the forward prefetches rows: "l1" or "l2" (forward_prefetch_level()).
+extern "C" __attribute__((visibility("default"))) const char* embedlab_prefetch_level();

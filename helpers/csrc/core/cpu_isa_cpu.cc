@@ -4,6 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace embedlab {
 namespace {
 
@@ -51,6 +55,40 @@ namespace {
 const CpuIsa g_isa_at_load = cpu_isa();
 }  // namespace
 
+namespace {
+// Zen 4 (AMD family 0x19, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf): the one core measured faster
+// with the forward's prefetches into L2 (cpu_isa.h).
+bool is_zen4() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(0, &a, &b, &c, &d)) return false;
+  const bool amd = b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "AuthenticAMD"
+  if (!amd || !__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const unsigned base_family = (a >> 8) & 0xfu;
+  const unsigned family = base_family == 0xfu ? base_family + ((a >> 20) & 0xffu) : base_family;
+  const unsigned model = ((a >> 4) & 0xfu) | (base_family == 0xfu ? ((a >> 16) & 0xfu) << 4 : 0u);
+  return family == 0x19u && ((model >= 0x10u && model <= 0x1fu) || (model >= 0x60u && model <= 0x7fu) ||
+                             (model >= 0xa0u && model <= 0xafu));
+#else
+  return false;
+#endif
+}
+
+bool choose_prefetch_to_l2() {
+  const char* want = std::getenv("EMBEDLAB_PREFETCH_LEVEL");
+  if (want != nullptr && std::strcmp(want, "l1") == 0) return false;
+  if (want != nullptr && std::strcmp(want, "l2") == 0) return true;
+  return is_zen4();
+}
+}  // namespace
+
+namespace detail {
+// Set when the library loads (a static initializer, as the instruction set is chosen then).
+bool forward_prefetch_l2_flag = choose_prefetch_to_l2();
+}  // namespace detail
+
+const char* forward_prefetch_level() { return forward_prefetch_to_l2() ? "l2" : "l1"; }
+
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx512: return "avx512";
@@ -73,3 +111,4 @@ const char* cpu_isas_built() {
 }  // namespace embedlab
 
 extern "C" const char* embedlab_cpu_isa() { return embedlab::cpu_isa_name(embedlab::cpu_isa()); }
+extern "C" const char* embedlab_prefetch_level() { return embedlab::forward_prefetch_level(); }

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_isa.h"
@@ -56,13 +57,27 @@ constexpr int64_t forward_prefetch_distance(int64_t dim) {
   return d < 16 ? 16 : (d > 64 ? 64 : d);
 }
 
+template <bool L2>
 inline void prefetch_row(const float* row, int64_t dim) {
   // One prefetch per 64-byte line; rows longer than 256 floats only get their head fetched,
-  // the hardware prefetcher follows sequential lines from there. PREFETCHT0 (into L1, the hint
-  // FBGEMM's EmbeddingSpMDM uses): a plain read of the forward's random rows took 4.37 ms with it
-  // and 5.29 ms with PREFETCHT2 at dim 128, 16 keys ahead (gather_floor.cc, 2-core AMD EPYC VM).
+  // the hardware prefetcher follows sequential lines from there. Into L1 (PREFETCHT0, the hint
+  // FBGEMM's EmbeddingSpMDM uses) or L2 (PREFETCHT1), as forward_prefetch_to_l2() chose for this
+  // core (cpu_isa.h): on a Zen 5 host a plain read of the forward's random rows took 4.37 ms into
+  // L1 and 5.29 ms with PREFETCHT2 at dim 128, 16 keys ahead; on a Zen 4 host the forward itself
+  // took 4.62-5.80 ms into L1 and 3.47-4.66 ms into L2 at dim 64 (gather_floor.cc, 2-core AMD EPYC
+  // VM). A template argument, chosen once per call (with_prefetch_level): a branch on the flag
+  // inside the key loops made both choices 25-30 % slower there.
   const int64_t lines = std::min<int64_t>((dim * 4 + 63) / 64, 16);
-  for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 0, 3);
+  for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 0, L2 ? 2 : 3);
+}
+
+// fn(std::bool_constant<L2>{}) with the prefetch level this process chose (cpu_isa.h).
+template <typename F>
+inline void with_prefetch_level(F&& fn) {
+  if (forward_prefetch_to_l2())
+    fn(std::true_type{});
+  else
+    fn(std::false_type{});
 }
 
 // Calls fn(t, r0, r1) in parallel on blocks of output rows [r0, r1) of table t, over the
@@ -83,14 +98,14 @@ void parallel_over_rows(const LookupArgs* tables, int num_tables, ThreadPool& po
 // must be in flight), then adds key j's row, weighted, into o and its weight into *wsum.
 // Returns false for a key outside [-1, num_rows), which is skipped like -1. The path for widths
 // that are not a multiple of 8 (pool_row below takes the others).
-template <int D>
+template <int D, bool L2>
 inline bool add_key(const LookupArgs& a, float* __restrict o, int64_t j, int64_t jend, float* wsum) {
   const int64_t dim = Width<D>::get(a.dim);
   const int64_t* keys = a.ids.keys;
   const int64_t ahead = forward_prefetch_distance(dim);
   if (j + ahead < jend) {
     const int64_t kp = keys[j + ahead];
-    if (kp >= 0) prefetch_row(a.table + kp * dim, dim);
+    if (kp >= 0) prefetch_row<L2>(a.table + kp * dim, dim);
   }
   const int64_t k = keys[j];
   if (static_cast<uint64_t>(k) >= static_cast<uint64_t>(a.num_rows)) return k == -1;  // k < 0 or k >= rows
@@ -144,13 +159,13 @@ constexpr int kRegFloats = 32;
 // the row forward_prefetch_distance(D) keys ahead. Same float operations in the same order as add_key's
 // loop (0 + w_0 x_0 + w_1 x_1 + ..., products rounded before the add), so the same bits.
 // Returns false if a key outside [-1, num_rows) was seen (and skipped).
-template <int D>
+template <int D, bool L2>
 inline bool pool_row(const LookupArgs& a, float* __restrict o, int64_t jb, int64_t je, int64_t jend) {
   if constexpr (D == 0 || D % 8 != 0) {
     float wsum = 0.f;
     bool ok = true;
     zero<D>(o, a.dim);
-    for (int64_t j = jb; j < je; ++j) ok &= add_key<D>(a, o, j, jend, &wsum);
+    for (int64_t j = jb; j < je; ++j) ok &= add_key<D, L2>(a, o, j, jend, &wsum);
     finish_row<D>(a, o, wsum);
     return ok;
   } else {
@@ -172,7 +187,7 @@ inline bool pool_row(const LookupArgs& a, float* __restrict o, int64_t jb, int64
       for (int64_t j = jb; j < je; ++j) {
         if (c == 0 && j + kAhead < jend) {
           const int64_t kp = keys[j + kAhead];
-          if (kp >= 0) prefetch_row(a.table + kp * D, D);
+          if (kp >= 0) prefetch_row<L2>(a.table + kp * D, D);
         }
         const int64_t k = keys[j];
         if (static_cast<uint64_t>(k) >= rows) {  // k < 0 or k >= rows: skipped
@@ -200,7 +215,7 @@ inline bool pool_row(const LookupArgs& a, float* __restrict o, int64_t jb, int64
 
 // Returns false if a key outside [-1, num_rows) or a row whose offsets are not within
 // [0, nnz] and non-decreasing was seen (and skipped): no key or weight outside [0, nnz) is read.
-template <int D>
+template <int D, bool L2>
 bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
   bool ok = true;
   const int64_t dim = Width<D>::get(a.dim);
@@ -215,7 +230,7 @@ bool forward_rows(const LookupArgs& a, int64_t r0, int64_t r1) {
       ok = false;
       continue;
     }
-    ok &= pool_row<D>(a, o, jb, je, jend);
+    ok &= pool_row<D, L2>(a, o, jb, je, jend);
   }
   return ok;
 }
@@ -233,9 +248,11 @@ int lookup_forward(const LookupArgs* tables, int num_tables, ThreadPool& pool) {
   for (auto& b : bad) b.store(false, std::memory_order_relaxed);
   parallel_over_rows(tables, num_tables, pool, [&](int t) { return tables[t].ids.batch; },
                      [&](int t, int64_t r0, int64_t r1) {
-                       dispatch_dim(tables[t].dim, [&](auto d) {
-                         if (!forward_rows<decltype(d)::value>(tables[t], r0, r1))
-                           bad[t].store(true, std::memory_order_relaxed);
+                       with_prefetch_level([&](auto l2) {
+                         dispatch_dim(tables[t].dim, [&](auto d) {
+                           if (!forward_rows<decltype(d)::value, decltype(l2)::value>(tables[t], r0, r1))
+                             bad[t].store(true, std::memory_order_relaxed);
+                         });
                        });
                      });
   for (int t = 0; t < num_tables; ++t)
@@ -263,7 +280,7 @@ int64_t first_entry_of_row(const CooRows& c, int64_t nnz, int64_t r) {
 // Output rows [r0, r1) of one table from its COO entries [j0, j1), whose rows must be
 // non-decreasing and inside [r0, r1). Writes row_offsets[r0 + 1 .. r1]. Same float operations
 // in the same order as forward_rows on the equivalent CSR ids: same bits.
-template <int D>
+template <int D, bool L2>
 CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
   const int64_t dim = Width<D>::get(a.dim);
   bool keys_ok = true;
@@ -279,7 +296,7 @@ CooStatus forward_coo_rows(const LookupArgs& a, const CooRows& c, int64_t r0, in
         break;  // row r is complete (or empty)
       }
     }
-    keys_ok &= pool_row<D>(a, a.out + r * dim, jb, j, j1);
+    keys_ok &= pool_row<D, L2>(a, a.out + r * dim, jb, j, j1);
     c.row_offsets[r + 1] = j;
   }
   if (j != j1) return kCooUnordered;  // entries left over: their rows lie outside [r0, r1)
@@ -308,7 +325,11 @@ void lookup_forward_coo(const LookupArgs* tables, const CooRows* coo, int num_ta
         const int64_t j1 = r1 == a.ids.batch ? a.ids.nnz : first_entry_of_row(coo[t], a.ids.nnz, r1);
         CooStatus s = kCooUnordered;
         if (j0 <= j1) {
-          dispatch_dim(a.dim, [&](auto d) { s = forward_coo_rows<decltype(d)::value>(a, coo[t], r0, r1, j0, j1); });
+          with_prefetch_level([&](auto l2) {
+            dispatch_dim(a.dim, [&](auto d) {
+              s = forward_coo_rows<decltype(d)::value, decltype(l2)::value>(a, coo[t], r0, r1, j0, j1);
+            });
+          });
         }
         if (s != kCooOk) {  // the worst status wins: unordered over a bad key
           int cur = st[t].load(std::memory_order_relaxed);

@@ -128,9 +128,18 @@ def test_cpu_isa_choice_and_its_errors():
 def test_a_bad_cpu_isa_request_stops_the_libraries_from_loading():
     """Neither library loads under a request it would not honour (a library alone would run
     other kernels than asked, so the check sits in front of both)."""
+    out = _load_in_child(["core", "tf_ops"], EMBEDLAB_CPU_ISA_RUNTIME="sse4")
+    lines = out.splitlines()
+    assert sum(line.startswith("ERR") and "must be auto, baseline, avx2 or avx512" in line for line in lines) == 2, out
+    assert "IMPORTED []" in out, out
+
+
+def _load_in_child(loaders, **env) -> str:
+    """Calls each of embedlab._native's `loaders` in a fresh process with `env` added; its output:
+    a line 'LOADED name' or 'ERR name message' per loader, then 'IMPORTED [native modules]'."""
     code = (
         "import embedlab._native as n\n"
-        "for load in (n.core, n.tf_ops):\n"
+        f"for load in ({', '.join('n.' + x for x in loaders)},):\n"
         "    try:\n"
         "        load()\n"
         "        print('LOADED', load.__name__)\n"
@@ -139,12 +148,10 @@ def test_a_bad_cpu_isa_request_stops_the_libraries_from_loading():
         "import sys\n"
         "print('IMPORTED', sorted(m for m in sys.modules if m.startswith('embedlab._embedlab')))\n"
     )
-    env = dict(os.environ, EMBEDLAB_CPU_ISA_RUNTIME="sse4")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, **env))
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.splitlines()
-    assert sum(line.startswith("ERR") and "must be auto, baseline, avx2 or avx512" in line for line in lines) == 2, out.stdout
-    assert "IMPORTED []" in out.stdout, out.stdout
+    return out.stdout
 
 
 def _isa_workload(seed: int, out_path: str) -> None:
@@ -285,6 +292,42 @@ def test_every_built_copy_gives_the_baseline_bits(rng, tmp_path):
         differ = [k for k in a if a[k].dtype != b[k].dtype or a[k].shape != b[k].shape or a[k].tobytes() != b[k].tobytes()]
         assert not differ, f"{len(differ)} of {len(a)} results differ between {isa} and baseline, e.g. {differ[:5]}"
     print(f"{len(b)} results, {sum(x.size for x in b.values()):,} values: the same bits with {runnable} and baseline")
+
+
+def test_both_prefetch_levels_give_the_same_bits(rng, tmp_path):
+    """The forward's prefetches into L1 or into L2 (EMBEDLAB_PREFETCH_LEVEL, chosen per core
+    otherwise) change only speed: the same lookups, backward passes and optimizer steps as above
+    give the same bits in a process forced onto each, and both libraries report the level."""
+    seed = int(rng.integers(2**31))
+    here = os.path.dirname(os.path.abspath(__file__))
+    results = {}
+    for level in ("l1", "l2"):
+        env = dict(os.environ, EMBEDLAB_PREFETCH_LEVEL=level, TF_CPP_MIN_LOG_LEVEL="3")
+        env["PYTHONPATH"] = os.pathsep.join([here] + [p for p in sys.path if p])
+        path = tmp_path / f"{level}.npz"
+        code = (f"import test_native; test_native._isa_workload({seed}, {str(path)!r})\n"
+                "import ctypes, embedlab._native as n\n"
+                "core_level = ctypes.CDLL(n.core().__file__).embedlab_prefetch_level\n"
+                "core_level.restype = ctypes.c_char_p\n"
+                "print('LEVEL', core_level().decode(), n.prefetch_level())\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=env,
+                             cwd=tmp_path)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"LEVEL {level} {level}" in out.stdout, out.stdout[-500:]   # the core module, then the op library
+        with np.load(path) as z:
+            results[level] = {k: z[k] for k in z.files if not k.startswith("_isa")}
+    a, b = results["l1"], results["l2"]
+    assert a.keys() == b.keys() and len(a) > 400
+    differ = [k for k in a if a[k].tobytes() != b[k].tobytes()]
+    assert not differ, f"{len(differ)} of {len(a)} results differ between the prefetch levels, e.g. {differ[:5]}"
+
+
+def test_a_bad_prefetch_level_stops_the_libraries_from_loading():
+    out = _load_in_child(["core", "tf_ops", "prefetch_level"], EMBEDLAB_PREFETCH_LEVEL="l3")
+    lines = out.splitlines()
+    assert sum(line.startswith("ERR") and "EMBEDLAB_PREFETCH_LEVEL must be auto, l1 or l2 (or unset), got 'l3'" in line
+               for line in lines) == 3, out
+    assert "IMPORTED []" in out, out
 
 
 def test_op_library_refuses_another_tensorflow(tmp_path):
