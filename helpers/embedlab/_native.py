@@ -226,7 +226,13 @@ def prefetch_level() -> str:
     """
     check_prefetch_level()
     lib = _HERE / "_embedlab_ops.so" if tf_ops.cache_info().currsize else Path(core().__file__)
-    fn = ctypes.CDLL(str(lib)).embedlab_prefetch_level   # the copy already loaded, not a second one
+    return _c_string(lib, "embedlab_prefetch_level")
+
+
+def _c_string(lib: Path, symbol: str) -> str:
+    """What `const char* symbol()` of a native library this process has already loaded returns
+    (ctypes gets the loaded copy's handle, not a second copy)."""
+    fn = getattr(ctypes.CDLL(str(lib)), symbol)
     fn.restype = ctypes.c_char_p
     fn.argtypes = []
     return fn().decode()
@@ -240,12 +246,8 @@ def loaded_cpu_isas() -> dict:
     if mod is not None:
         out["core"] = mod.cpu_isa
     if tf_ops.cache_info().currsize:
-        # The op library exports embedlab_cpu_isa() (csrc/core/cpu_isa.h); this handle is the
-        # copy TensorFlow loaded, not a second one.
-        fn = ctypes.CDLL(str(_HERE / "_embedlab_ops.so")).embedlab_cpu_isa
-        fn.restype = ctypes.c_char_p
-        fn.argtypes = []
-        out["tf_ops"] = fn().decode()
+        # The op library exports embedlab_cpu_isa() (csrc/core/cpu_isa.h).
+        out["tf_ops"] = _c_string(_HERE / "_embedlab_ops.so", "embedlab_cpu_isa")
     return out
 
 

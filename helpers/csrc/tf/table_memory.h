@@ -71,10 +71,11 @@ class TableAllocator final : public Allocator {
   std::unordered_map<void*, size_t> sizes_;
 };
 
-// Whether a tensor of this size is a table that belongs in a TableAllocator mapping.
-inline bool IsLargeTable(const Tensor& t) {
-  return embedlab::aligned_tables_enabled() && t.IsInitialized() && t.TotalBytes() >= embedlab::kLargeTableBytes;
+// Whether a table of this many bytes belongs in a TableAllocator mapping.
+inline bool IsLargeTableBytes(uint64_t bytes) {
+  return embedlab::aligned_tables_enabled() && bytes >= embedlab::kLargeTableBytes;
 }
+inline bool IsLargeTable(const Tensor& t) { return t.IsInitialized() && IsLargeTableBytes(t.TotalBytes()); }
 
 inline bool IsTableAligned(const Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.tensor_data().data()) % embedlab::kTableAlignment == 0;
@@ -93,12 +94,22 @@ inline void ParallelCopy(const Tensor& src, Tensor* dst, TfPool& pool) {
   });
 }
 
-// A copy of `src` in a TableAllocator mapping (`op` names the caller in the error).
-inline absl::Status AlignedCopy(const char* op, const Tensor& src, TfPool& pool, Tensor* out) {
-  Tensor t(TableAllocator::Get(), src.dtype(), src.shape());
+// A fresh TableAllocator mapping for a table of `dtype` and `shape`, zero as mapped (`op` names
+// the caller in the error).
+inline absl::Status MapTable(const char* op, DataType dtype, const TensorShape& shape, Tensor* out) {
+  Tensor t(TableAllocator::Get(), dtype, shape);
   if (!t.IsInitialized())
-    return errors::ResourceExhausted(op, ": could not map ", src.TotalBytes(), " bytes for a table of shape ",
-                                     src.shape().DebugString(), " (mmap failed: out of memory or address space)");
+    return errors::ResourceExhausted(op, ": could not map ", shape.num_elements() * DataTypeSize(dtype),
+                                     " bytes for a table of shape ", shape.DebugString(),
+                                     " (mmap failed: out of memory or address space)");
+  *out = std::move(t);
+  return absl::OkStatus();
+}
+
+// A copy of `src` in a TableAllocator mapping.
+inline absl::Status AlignedCopy(const char* op, const Tensor& src, TfPool& pool, Tensor* out) {
+  Tensor t;
+  TF_RETURN_IF_ERROR(MapTable(op, src.dtype(), src.shape(), &t));
   ParallelCopy(src, &t, pool);
   *out = std::move(t);
   return absl::OkStatus();

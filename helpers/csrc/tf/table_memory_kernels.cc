@@ -52,13 +52,9 @@ class ZerosTableOp : public OpKernel {
                                         dims(0), ", ", dims(1), "]"));
     TensorShape shape;
     OP_REQUIRES_OK(ctx, TensorShape::BuildTensorShape({dims(0), dims(1)}, &shape));
-    if (embedlab::aligned_tables_enabled() &&
-        static_cast<uint64_t>(shape.num_elements()) * sizeof(float) >= embedlab::kLargeTableBytes) {
-      Tensor t(embedlab_tf::TableAllocator::Get(), DT_FLOAT, shape);   // a fresh mapping reads as zeros
-      OP_REQUIRES(ctx, t.IsInitialized(),
-                  errors::ResourceExhausted("EmbedLabZerosTable: could not map ", shape.num_elements() * sizeof(float),
-                                            " bytes for a table of shape ", shape.DebugString(),
-                                            " (mmap failed: out of memory or address space)"));
+    if (embedlab_tf::IsLargeTableBytes(static_cast<uint64_t>(shape.num_elements()) * sizeof(float))) {
+      Tensor t;   // a fresh mapping reads as zeros
+      OP_REQUIRES_OK(ctx, embedlab_tf::MapTable("EmbedLabZerosTable", DT_FLOAT, shape, &t));
       ctx->set_output(0, t);
       return;
     }
