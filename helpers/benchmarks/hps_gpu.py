@@ -134,7 +134,7 @@ def run(args):
     copy_gbs = copy_bandwidth(torch, args.reps)
     print(f"{info['gpu']}: device copy {copy_gbs:.0f} GB/s (read + write)", flush=True)
     rows_out = []
-    for dim, rows in ((16, args.rows16), (128, args.rows128)):
+    for dim, rows in ((d, {16: args.rows16, 128: args.rows128}[d]) for d in args.dims):
         for static in (False, True):
             cache = core.CudaEmbeddingCache(rows, dim, ways=8, static=static)
             keys = np.unique(rng.integers(-(2**62), 2**62, size=int(cache.capacity * args.fill), dtype=np.int64))
@@ -277,6 +277,7 @@ def main():
     p.add_argument("--fill", type=float, default=0.67, help="keys inserted per slot (the load factor, before "
                    "the sets that overflow evict or refuse)")
     p.add_argument("--miss", type=float, default=0.1, help="share of absent keys in the full lookup() batches")
+    p.add_argument("--dims", type=int, nargs="+", default=[16, 128], choices=[16, 128])
     p.add_argument("--dists", nargs="+", default=["uniform", "zipf"], choices=["uniform", "zipf"])
     p.add_argument("--batches", type=int, nargs="+", default=[65536, 65536 * 26])
     p.add_argument("--reps", type=int, default=20)

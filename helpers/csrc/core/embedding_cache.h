@@ -15,10 +15,12 @@
 //     read instead of the occupancy mask and the keys (the key of a way whose tag matches is then
 //     compared, so a lookup stays exact). A dynamic GPU cache keeps each way's 16-bit stamp where
 //     a hit has just read: at dims <= 16 that are multiples of 4, beside the set's tags (tags and
-//     stamps in one 32-byte sector per set at 8 ways); at other dims in a 16-byte slot word per
-//     slot, {a copy of the key, a word whose low 16 bits are the stamp}, which the lookups read in
-//     one load and compare (static caches compare the keys themselves). A hit writes its stamp,
-//     when it differs, into that sector.
+//     stamps in one 32-byte sector per set at 8 ways); at other dims in a slot word per slot,
+//     which the lookups read in one load and compare (static caches compare the keys
+//     themselves): 16 bytes, {a copy of the key, a word whose low 16 bits are the stamp}, in
+//     caches of fewer than 65,536 sets; from 65,536 sets on 8 bytes, the low 48 bits of the key's
+//     hash above the 16-bit stamp, which prove the key there (see slot_words_ below). A hit
+//     writes its stamp, when it differs, into that sector.
 //   * Any int64 key is valid (occupancy is a bit, not a reserved key).
 //
 // Eviction (dynamic caches): LRU at the granularity of insert() calls. A cache-wide epoch counter
@@ -253,10 +255,14 @@ class EmbeddingCacheCuda {
     while (m < tag_stride() + 2 * ways_) m *= 2;
     return m;
   }
-  // Dynamic caches with row_off() == 0: [num_sets * ways * 2], per slot a copy of its key, then a
-  // word whose low 16 bits are the slot's stamp (low 16 bits of the epoch of its last touch);
-  // null otherwise
+  // Dynamic caches with row_off() == 0: per slot one slot word of proof_words() ? 8 : 16 bytes.
+  // 16 bytes: a copy of its key, then a word whose low 16 bits are the slot's stamp (low 16 bits
+  // of the epoch of its last touch). 8 bytes (at least 65,536 sets): the low 48 bits of the key's
+  // hash in the high 48 bits, the stamp in the low 16. The hash (cache_mix64) is a bijection and a
+  // set holds the hashes of one interval of length 2^64 / num_sets <= 2^48, so two keys of one
+  // set never share their hash's low 48 bits: comparing them proves the key. Null otherwise.
   int64_t* slot_words_ = nullptr;
+  bool proof_words() const { return !static_ && !row_off() && num_sets_ >= (int64_t{1} << 16); }
   // [num_sets * ways * rec()]: per slot, a copy of its key in the first 16 bytes when row_off()
   // is 4 (dims <= 16 that are multiples of 4: the key and the row lie in adjacent sectors, which
   // a hit reads together), then the row

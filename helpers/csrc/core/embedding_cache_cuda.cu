@@ -12,13 +12,18 @@
 // Proving the key is a second random DRAM access per hit: at dims <= 16 the key is kept beside
 // its row (one 80-byte record at dim 16, in two adjacent 64-byte blocks where the row alone is
 // one), at larger dims in its own array (one 32-byte sector against the row's 512 bytes at dim
-// 128; a record [row | key] measured no faster, 544 or 640 bytes). That access, not the tags,
-// bounds the hit path at dim 16 (RESULTS.md, hps). A dynamic cache keeps each way's stamp in a
-// sector the hit reads anyway (embedding_cache.h): at dims > 16 the word after its key copy, in a
-// 16-byte slot word that one load brings with the key and that stays in L2 (evict_last) for the
-// stamp write, so that a dynamic hit reads no more sectors than a static one (dim 128, H100: 0.678
-// ms against the static cache's 0.676, where stamps beside the tags, 32 bytes per set, 16.8 MB,
-// took 0.735 ms in an earlier version of this kernel); at dims <= 16,
+// 128; a record [row | key] measured no faster, 544 or 640 bytes), loaded evict_last like the
+// tags, so that the part of the keys that L2 holds saves the DRAM access. That access, not the
+// tags, bounds the hit path at dim 16 (RESULTS.md, hps: records of 96 or 128 bytes, key and row
+// in one 128-byte line, measured 68-72 % of the gather where the 80-byte record gives 68 %). A
+// dynamic cache keeps each way's stamp in a sector the hit reads anyway (embedding_cache.h): at
+// dims > 16 in the slot word it compares instead of the key, which one load brings and which
+// stays in L2 (evict_last) for the stamp write, so that a dynamic hit reads no more sectors than
+// a static one. From 65,536 sets on that word is 8 bytes (48 bits of the key's hash and the
+// stamp; 33.5 MB at 4.2 M slots, as the keys): dim 128, H100, 0.673-0.675 ms against 0.678-0.680
+// with 16-byte words {key, stamp} (67 MB), and 0.712 against 0.723 ms after an insert; stamps
+// beside the tags, 32 bytes per set, 16.8 MB, took 0.735 ms in an earlier version of this kernel.
+// At dims <= 16,
 // beside the set's tags in one 32-byte sector per set, which there measured faster than a stamp
 // in the record (0.167 against 0.179 ms between inserts, 0.206 against 0.245 ms after an insert:
 // every hit then dirties its own record sector, against one sector per set). One "group" of G
@@ -70,8 +75,9 @@ enum WriteMode { kInsert = 0, kUpdate = 1, kErase = 2 };
 struct Cache {
   uint32_t* headers;
   int64_t* keys;
-  int64_t* slot_words;  // dynamic caches with row_off == 0: [num_sets * ways * 2], per slot a copy
-                        // of its key, then a word whose low 16 bits are its stamp; else null
+  int64_t* slot_words;  // dynamic caches with row_off == 0: per slot {a copy of its key, a word
+                        // whose low 16 bits are its stamp} or, with proof_words, one word
+                        // [low 48 bits of the key's hash | stamp] (embedding_cache.h); else null
   uint8_t* meta;      // [num_sets * meta_stride]: per set, one tag byte per way (0 = free), then
                       // in dynamic caches with row_off one 16-bit stamp per way at byte tag_stride
   float* values;      // [num_sets * ways * rec]: per slot, [key (16 bytes) if row_off] then the row
@@ -84,6 +90,7 @@ struct Cache {
   int meta_stride;    // bytes per set: tag_stride, or a power of two >= 32 with stamps (one
                       // 32-byte sector at 8 ways)
   bool is_static;
+  bool proof_words;   // slot_words of 8 bytes: [low 48 bits of the key's hash | 16-bit stamp]
   __device__ __forceinline__ const uint8_t* tags(int64_t s) const { return meta + s * meta_stride; }
   // The stamp of slot (in set s) of a dynamic cache: in the set's sector beside its tags at
   // row_off (dims <= 16), else the low 16 bits of the word after the slot's key copy.
@@ -91,7 +98,8 @@ struct Cache {
     return reinterpret_cast<uint16_t*>(meta + s * meta_stride + tag_stride) + (slot - s * ways);
   }
   __device__ __forceinline__ uint16_t* stamp_in_slot_word(int64_t slot) const {
-    return reinterpret_cast<uint16_t*>(slot_words + 2 * slot + 1);
+    return proof_words ? reinterpret_cast<uint16_t*>(slot_words + slot)
+                       : reinterpret_cast<uint16_t*>(slot_words + 2 * slot + 1);
   }
   __device__ __forceinline__ uint16_t* stamp(int64_t s, int64_t slot) const {
     return row_off ? stamp_in_set(s, slot) : stamp_in_slot_word(slot);
@@ -99,10 +107,10 @@ struct Cache {
 };
 
 // Where a dynamic lookup finds a hit's stamp (a template argument of the lookup kernel).
-enum StampAt { kNoStamps = 0, kStampInSet = 1, kStampInSlotWord = 2 };
+enum StampAt { kNoStamps = 0, kStampInSet = 1, kStampInSlotWord = 2, kStampInProofWord = 3 };
 
-// L2 eviction priorities (sm_80+): the tags and a dynamic hit's key and stamp are loaded
-// evict_last, so that the 1 to 2 GB of rows streaming through the 50 MB L2 per batch (loaded and
+// L2 eviction priorities (sm_80+): the tags, a static hit's key (at dims > 16) and a dynamic
+// hit's slot word are loaded evict_last, so that the 1 to 2 GB of rows streaming through the 50 MB L2 per batch (loaded and
 // stored evict-first with .cs) do not push them out: a later lookup of the set finds its tags in
 // L2, and a hit's stamp write finds its sector there (a partial write of a sector that has left
 // L2 costs a read of it from DRAM).
@@ -133,6 +141,27 @@ __device__ __forceinline__ longlong2 load_slot_word(const int64_t* p, uint64_t k
 #else
   const volatile int64_t* v = p;
   return make_longlong2(v[0], v[1]);
+#endif
+}
+
+// The same for a proof word (8 bytes).
+__device__ __forceinline__ uint64_t load_proof_word(const int64_t* p, uint64_t keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint64_t r;
+  asm volatile("ld.global.L1::no_allocate.L2::cache_hint.u64 %0, [%1], %2;" : "=l"(r) : "l"(p), "l"(keep));
+  return r;
+#else
+  return *reinterpret_cast<const volatile uint64_t*>(p);
+#endif
+}
+// A static cache's key: kept in L2 like the tags (nothing writes keys during a lookup).
+__device__ __forceinline__ int64_t load_key_keep(const int64_t* p, uint64_t keep) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  int64_t r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.s64 %0, [%1], %2;" : "=l"(r) : "l"(p), "l"(keep));
+  return r;
+#else
+  return __ldg(p);
 #endif
 }
 
@@ -211,6 +240,7 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
   const int off = static_cast<int>(sizeof(T) == 16 ? c.row_off / 4 : c.row_off);
   const int64_t key = __ldg(keys + i);
   const uint64_t h = cache_mix64(static_cast<uint64_t>(key));
+  const uint64_t proof = h << 16;  // what a proof word holds above its stamp
   const int64_t s = static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(c.num_sets)));
   uint32_t cand = tag_match(c, s, tag_of(h), keep);
   int64_t slot = -1;
@@ -219,14 +249,18 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
     const int64_t sl = s * c.ways + (__ffs(cand) - 1);
     cand &= cand - 1;
     const T* base = reinterpret_cast<const T*>(c.values) + sl * rec;
-    int64_t k;
+    bool match;
     uint16_t stamp = 0;
     if (STAMPS == kStampInSlotWord) {  // the key copy and its stamp, one 16-byte load, kept in L2
       const longlong2 w = load_slot_word(c.slot_words + 2 * sl, keep);
-      k = w.x;
+      match = w.x == key;
       stamp = static_cast<uint16_t>(w.y);
+    } else if (STAMPS == kStampInProofWord) {  // 48 bits of the hash and the stamp, kept in L2
+      const uint64_t w = load_proof_word(c.slot_words + sl, keep);
+      match = (w & ~uint64_t{0xffff}) == proof;
+      stamp = static_cast<uint16_t>(w);
     } else {
-      k = off ? __ldcs(reinterpret_cast<const long long*>(base)) : __ldcs(c.keys + sl);
+      match = (off ? __ldcs(reinterpret_cast<const long long*>(base)) : load_key_keep(c.keys + sl, keep)) == key;
     }
     const T* src = base + off;
 #pragma unroll
@@ -234,12 +268,13 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
       const int j = lane + v * G;
       if (j < cols) x[v] = __ldcs(src + j);
     }
-    if (k == key) {
+    if (match) {
       slot = sl;
       // Stamped here, not after the row is stored: the stamp's register is then free before
       // the stores (dim 128 under the 32-register cap: no spill, where stamping last spilled 4
       // bytes per thread). Written only when it differs, like the stamp in the set below.
-      if (STAMPS == kStampInSlotWord && lane == 0 && stamp != epoch) *c.stamp_in_slot_word(sl) = epoch;
+      if ((STAMPS == kStampInSlotWord || STAMPS == kStampInProofWord) && lane == 0 && stamp != epoch)
+        *c.stamp_in_slot_word(sl) = epoch;
       break;
     }
   }
@@ -346,6 +381,9 @@ __global__ void __launch_bounds__(kBlock) write_kernel(Cache c, const int64_t* _
           // (dynamic caches; static ones compare keys[])
           if (c.row_off)
             *reinterpret_cast<volatile int64_t*>(c.values + (s * c.ways + way) * c.rec) = key;
+          else if (c.proof_words)
+            *reinterpret_cast<volatile uint64_t*>(c.slot_words + s * c.ways + way) =
+                cache_mix64(static_cast<uint64_t>(key)) << 16;
           else if (!c.is_static)
             *reinterpret_cast<volatile int64_t*>(c.slot_words + 2 * (s * c.ways + way)) = key;
           if (!c.is_static) *stamp(way) = static_cast<uint16_t>(epoch);  // static: no stamps kept
@@ -425,15 +463,17 @@ cudaError_t launch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_
   const int64_t blocks = (n + kBlock / G - 1) / (kBlock / G);  // one group per key
   if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
   const unsigned grid = static_cast<unsigned>(blocks);
-  const int stamps = c.is_static ? kNoStamps : c.row_off ? kStampInSet : kStampInSlotWord;
+  const int stamps = c.is_static ? kNoStamps : c.row_off ? kStampInSet : c.proof_words ? kStampInProofWord : kStampInSlotWord;
 #define EL_LOOKUP(T, S) lookup_kernel<G, SPEC, T, S><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters)
   if (vec4) {
     if (stamps == kNoStamps) EL_LOOKUP(float4, kNoStamps);
     else if (stamps == kStampInSet) EL_LOOKUP(float4, kStampInSet);
+    else if (stamps == kStampInProofWord) EL_LOOKUP(float4, kStampInProofWord);
     else EL_LOOKUP(float4, kStampInSlotWord);
   } else {
     if (stamps == kNoStamps) EL_LOOKUP(float, kNoStamps);
     else if (stamps == kStampInSet) EL_LOOKUP(float, kStampInSet);
+    else if (stamps == kStampInProofWord) EL_LOOKUP(float, kStampInProofWord);
     else EL_LOOKUP(float, kStampInSlotWord);
   }
 #undef EL_LOOKUP
@@ -474,7 +514,8 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
     EL_TRY(cudaMalloc(&headers_, sizeof(uint32_t) * 2 * num_sets_));
     EL_TRY(cudaMalloc(&keys_, sizeof(int64_t) * slots));
     EL_TRY(cudaMalloc(&meta_, static_cast<size_t>(num_sets_) * meta_stride()));
-    if (!static_ && !row_off()) EL_TRY(cudaMalloc(&slot_words_, 2 * sizeof(int64_t) * slots));
+    if (!static_ && !row_off())
+      EL_TRY(cudaMalloc(&slot_words_, (proof_words() ? 1 : 2) * sizeof(int64_t) * slots));
     EL_TRY(cudaMalloc(&values_, sizeof(float) * slots * static_cast<size_t>(rec())));
     EL_TRY(cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounterWords));
     EL_TRY(cudaMalloc(&epoch_, sizeof(uint32_t)));
@@ -502,7 +543,7 @@ EmbeddingCacheCuda::~EmbeddingCacheCuda() {
 cudaError_t EmbeddingCacheCuda::lookup_mask(const int64_t* keys, int64_t n, float* out, uint8_t* hit_mask,
                                             cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
+  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_, proof_words()};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
   return dispatch_lookup(c, vec4, keys, n, out, hit_mask, uint8_t{1}, epoch_, counters_, stream);
 }
@@ -527,7 +568,7 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
   int64_t* d_count = reinterpret_cast<int64_t*>(ws + flag_bytes);
   void* tmp = ws + flag_bytes + 256;
   size_t tmp_bytes = workspace_bytes - flag_bytes - 256;
-  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
+  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_, proof_words()};
   const bool vec4 = dim_ % 4 == 0 && aligned16(out);
   EL_TRY(dispatch_lookup(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream));
   EL_TRY(cub::DeviceSelect::Flagged(tmp, tmp_bytes, thrust::counting_iterator<int64_t>(0), flags, missing, d_count,
@@ -541,7 +582,7 @@ cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float
   if (count_host) *count_host = 0;
   if (n <= 0) return cudaSuccess;
   EL_TRY(cudaMemsetAsync(counters_ + kCall, 0, 2 * sizeof(unsigned long long), stream));
-  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_};
+  const Cache c{headers_, keys_, slot_words_, meta_, values_, num_sets_, dim_, rec(), row_off(), ways_, tag_stride(), meta_stride(), static_, proof_words()};
   const bool vec4 = values && dim_ % 4 == 0 && aligned16(values);
   const int g = mode == kErase ? 4 : lanes_for(vec4 ? dim_ / 4 : dim_);
   cudaError_t e;

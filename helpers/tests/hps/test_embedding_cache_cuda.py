@@ -121,8 +121,87 @@ def test_eviction_keeps_capacity_and_never_returns_stale_rows(rng, dim):
 
 # Where a dynamic cache keeps its stamps (embedding_cache.h): beside the set's tags at dims <= 16
 # that are multiples of 4 (4), in 16-byte slot words beside a copy of the key otherwise (7, not a
-# multiple of 4; 128).
+# multiple of 4; 128) while the cache has fewer than 65,536 sets, in 8-byte proof words (48 bits
+# of the key's hash and the stamp) from 65,536 sets on (test_proof_words_*).
 LRU_DIMS = [4, 7, 128]
+PROOF_SETS = 1 << 16
+
+
+def fmix64_np(k):
+    """cache_mix64 (embedding_cache.h) on a uint64 array, wrapping like the C++."""
+    k = k.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        k ^= k >> np.uint64(33)
+        k *= np.uint64(0xFF51AFD7ED558CCD)
+        k ^= k >> np.uint64(33)
+        k *= np.uint64(0xC4CEB9FE1A85EC53)
+        k ^= k >> np.uint64(33)
+    return k
+
+
+@pytest.mark.parametrize("dim", [7, 128])
+def test_proof_words_match_cpu_cache(rng, dim):
+    """From 65,536 sets on, a dynamic cache at dims > 16 proves a key by 48 bits of its hash: the
+    same keys and rows as the CPU cache (which compares whole keys) under inserts, overwrites,
+    updates, erases and evictions, with absent keys, negative and huge ones among the queries."""
+    universe = make_universe(rng, 1_500_000)
+    cap = PROOF_SETS * 8
+    gpu = core.CudaEmbeddingCache(cap, dim, ways=8)
+    cpu = core.EmbeddingCache(cap, dim, ways=8, num_threads=1)
+    assert gpu.num_sets == cpu.num_sets == PROOF_SETS
+    present = universe[rng.permutation(len(universe))[:700_000]]  # the rest is never inserted
+    for version in range(1, 4):
+        # one insert per row of a set: the GPU's threads fill a set's free ways in another order
+        # than the CPU, so the calls are cut so that no call stores two keys of one set
+        keys = np.unique(present[rng.integers(0, len(present), size=300_000)])
+        sets = (fmix64_np(keys) >> np.uint64(48)).astype(np.int64)  # 65,536 sets: the high 16 bits
+        order = np.lexsort((keys, sets))
+        rank = np.empty(len(keys), np.int64)
+        first = np.r_[0, np.flatnonzero(np.diff(sets[order])) + 1]
+        rank[order] = np.arange(len(keys)) - np.repeat(first, np.diff(np.r_[first, len(keys)]))
+        for r in range(int(rank.max()) + 1):
+            part = keys[rank == r]
+            vals = value_of(part, version, dim)
+            assert gpu.insert(DEV.put(part), DEV.put(vals), stream=DEV.stream()) == cpu.insert(part, vals)
+        upd = present[rng.integers(0, len(present), size=20_000)]
+        uv = value_of(upd, 32 + version, dim)
+        assert gpu.update(DEV.put(upd), DEV.put(uv), stream=DEV.stream()) == cpu.update(upd, uv)
+        er = present[rng.integers(0, len(present), size=5_000)]
+        assert gpu.erase(DEV.put(er), stream=DEV.stream()) == cpu.erase(er)
+        query = universe[rng.integers(0, len(universe), size=200_000)]
+        got, hit = gpu_lookup(gpu, query)
+        ref = np.full((len(query), dim), np.nan, np.float32)
+        np.testing.assert_array_equal(np.flatnonzero(~hit), cpu.lookup(query, ref))
+        assert np.array_equal(got, ref, equal_nan=True)
+        assert gpu.size() == cpu.size()
+    st = gpu.stats()
+    assert st["evictions"] > 0 and st["hits"] > 0 and st["misses"] > 0
+
+
+def one_set_keys(count):
+    """`count` distinct keys (negative ones too) that share one set of a cache of 65,536 sets
+    (the set is the hash's high 16 bits there)."""
+    cand = np.arange(-(1 << 23), 1 << 23, dtype=np.int64)
+    sets = (fmix64_np(cand) >> np.uint64(48)).astype(np.int64)
+    hits = cand[sets == sets[0]]
+    assert len(hits) >= count
+    return hits[:count]
+
+
+@pytest.mark.parametrize("dim", [7, 128])
+def test_proof_words_keep_the_lru_order(dim):
+    """The eviction sequence of test_lru_clock_advances_per_insert_only, in one set of a cache of
+    65,536 sets of 4 ways (its stamps in proof words)."""
+    from test_embedding_cache import LRU_EXPECTED_1, lru_scenario_1
+
+    global UNIVERSE
+    UNIVERSE = None
+    gpu = core.CudaEmbeddingCache(4 * PROOF_SETS, dim, ways=4)
+    assert gpu.num_sets == PROOF_SETS
+    big = dict(zip(range(10, 17), one_set_keys(7).tolist()))
+    insert, missing = gpu_lru_calls(gpu, dim)
+    assert lru_scenario_1(lambda ks: insert([big[k] for k in ks]), lambda ks: missing([big[k] for k in ks])) == \
+        LRU_EXPECTED_1
 
 
 @pytest.mark.parametrize("dim", LRU_DIMS)
