@@ -272,6 +272,9 @@ class EmbeddingCacheCuda {
   // [0..7) running totals in EmbeddingCacheStats order; [8..16) this call's counts; then the
   // lookups' hit and miss counters, striped (see kStripes in embedding_cache_cuda.cu)
   unsigned long long* counters_ = nullptr;
+  // Page-locked host copy of counters_ (the same words): the synchronous calls read their counts
+  // through it, a direct DMA, where a copy into pageable memory is staged by the driver.
+  unsigned long long* counters_host_ = nullptr;
 };
 
 }  // namespace embedlab

@@ -518,6 +518,7 @@ EmbeddingCacheCuda::EmbeddingCacheCuda(int64_t capacity, int64_t dim, int ways, 
       EL_TRY(cudaMalloc(&slot_words_, (proof_words() ? 1 : 2) * sizeof(int64_t) * slots));
     EL_TRY(cudaMalloc(&values_, sizeof(float) * slots * static_cast<size_t>(rec())));
     EL_TRY(cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounterWords));
+    EL_TRY(cudaMallocHost(&counters_host_, sizeof(unsigned long long) * kNumCounterWords));
     EL_TRY(cudaMalloc(&epoch_, sizeof(uint32_t)));
     const uint32_t first_epoch = 1;
     EL_TRY(cudaMemcpy(epoch_, &first_epoch, sizeof(uint32_t), cudaMemcpyHostToDevice));
@@ -536,6 +537,7 @@ EmbeddingCacheCuda::~EmbeddingCacheCuda() {
   cudaFree(meta_);
   cudaFree(values_);
   cudaFree(counters_);
+  cudaFreeHost(counters_host_);
   cudaFree(epoch_);
 }
 
@@ -573,8 +575,10 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
   EL_TRY(dispatch_lookup(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream));
   EL_TRY(cub::DeviceSelect::Flagged(tmp, tmp_bytes, thrust::counting_iterator<int64_t>(0), flags, missing, d_count,
                                     n, stream));
-  EL_TRY(cudaMemcpyAsync(m_host, d_count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-  return cudaStreamSynchronize(stream);
+  EL_TRY(cudaMemcpyAsync(counters_host_, d_count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
+  EL_TRY(cudaStreamSynchronize(stream));
+  *m_host = static_cast<int64_t>(counters_host_[0]);
+  return cudaSuccess;
 }
 
 cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float* values, int64_t n,
@@ -595,10 +599,10 @@ cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float
   EL_TRY(e);
   if (mode == kInsert && !static_) EL_TRY(advance_epoch(stream));
   if (!count_host) return cudaSuccess;
-  unsigned long long v = 0;
-  EL_TRY(cudaMemcpyAsync(&v, counters_ + kCall, sizeof(v), cudaMemcpyDeviceToHost, stream));
+  EL_TRY(cudaMemcpyAsync(counters_host_, counters_ + kCall, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                         stream));
   EL_TRY(cudaStreamSynchronize(stream));
-  *count_host = static_cast<int64_t>(v);
+  *count_host = static_cast<int64_t>(counters_host_[0]);
   return cudaSuccess;
 }
 
@@ -629,16 +633,16 @@ cudaError_t EmbeddingCacheCuda::size(int64_t* size_host, cudaStream_t stream) {
   const int grid = static_cast<int>(std::min<int64_t>((num_sets_ + kBlock - 1) / kBlock, 1024));
   size_kernel<<<grid, kBlock, 0, stream>>>(headers_, num_sets_, counters_ + kCall + 2);
   EL_TRY(cudaGetLastError());
-  unsigned long long v = 0;
-  EL_TRY(cudaMemcpyAsync(&v, counters_ + kCall + 2, sizeof(v), cudaMemcpyDeviceToHost, stream));
+  EL_TRY(cudaMemcpyAsync(counters_host_, counters_ + kCall + 2, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                         stream));
   EL_TRY(cudaStreamSynchronize(stream));
-  *size_host = static_cast<int64_t>(v);
+  *size_host = static_cast<int64_t>(counters_host_[0]);
   return cudaSuccess;
 }
 
 cudaError_t EmbeddingCacheCuda::stats(EmbeddingCacheStats* out, cudaStream_t stream) {
-  unsigned long long v[kNumCounterWords];
-  EL_TRY(cudaMemcpyAsync(v, counters_, sizeof(v), cudaMemcpyDeviceToHost, stream));
+  unsigned long long* v = counters_host_;
+  EL_TRY(cudaMemcpyAsync(v, counters_, sizeof(unsigned long long) * kNumCounterWords, cudaMemcpyDeviceToHost, stream));
   EL_TRY(cudaStreamSynchronize(stream));
   unsigned long long misses = v[kMisses];
   for (int i = 0; i < kStripes; ++i) misses += v[kStripeBase + i];
