@@ -15,7 +15,8 @@
 // 128; a record [row | key] measured no faster, 544 or 640 bytes), loaded evict_last like the
 // tags, so that the part of the keys that L2 holds saves the DRAM access. That access, not the
 // tags, bounds the hit path at dim 16 (RESULTS.md, hps: records of 96 or 128 bytes, key and row
-// in one 128-byte line, measured 68-72 % of the gather where the 80-byte record gives 68 %). A
+// in one 128-byte line, measured 68-72 % of the gather, static, where the 80-byte record gives
+// 68 %). A
 // dynamic cache keeps each way's stamp in a sector the hit reads anyway (embedding_cache.h): at
 // dims > 16 in the slot word it compares instead of the key, which one load brings and which
 // stays in L2 (evict_last) for the stamp write, so that a dynamic hit reads no more sectors than
@@ -23,9 +24,8 @@
 // stamp; 33.5 MB at 4.2 M slots, as the keys): dim 128, H100, 0.673-0.675 ms against 0.678-0.680
 // with 16-byte words {key, stamp} (67 MB), and 0.712 against 0.723 ms after an insert; stamps
 // beside the tags, 32 bytes per set, 16.8 MB, took 0.735 ms in an earlier version of this kernel.
-// At dims <= 16,
-// beside the set's tags in one 32-byte sector per set, which there measured faster than a stamp
-// in the record (0.167 against 0.179 ms between inserts, 0.206 against 0.245 ms after an insert:
+// At dims <= 16 the stamps lie beside the set's tags in one 32-byte sector per set, which there
+// measured faster after an insert than a stamp in the record (0.206 against 0.226-0.245 ms:
 // every hit then dirties its own record sector, against one sector per set). One "group" of G
 // lanes serves one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 16 at dim
 // 128, two pieces per lane), one group per key in the grid, so all loads of a batch are in
@@ -93,7 +93,8 @@ struct Cache {
   bool proof_words;   // slot_words of 8 bytes: [low 48 bits of the key's hash | 16-bit stamp]
   __device__ __forceinline__ const uint8_t* tags(int64_t s) const { return meta + s * meta_stride; }
   // The stamp of slot (in set s) of a dynamic cache: in the set's sector beside its tags at
-  // row_off (dims <= 16), else the low 16 bits of the word after the slot's key copy.
+  // row_off (dims <= 16), else the low 16 bits of its proof word or of the word after its key
+  // copy.
   __device__ __forceinline__ uint16_t* stamp_in_set(int64_t s, int64_t slot) const {
     return reinterpret_cast<uint16_t*>(meta + s * meta_stride + tag_stride) + (slot - s * ways);
   }
@@ -110,10 +111,11 @@ struct Cache {
 enum StampAt { kNoStamps = 0, kStampInSet = 1, kStampInSlotWord = 2, kStampInProofWord = 3 };
 
 // L2 eviction priorities (sm_80+): the tags, a static hit's key (at dims > 16) and a dynamic
-// hit's slot word are loaded evict_last, so that the 1 to 2 GB of rows streaming through the 50 MB L2 per batch (loaded and
-// stored evict-first with .cs) do not push them out: a later lookup of the set finds its tags in
-// L2, and a hit's stamp write finds its sector there (a partial write of a sector that has left
-// L2 costs a read of it from DRAM).
+// hit's slot word are loaded evict_last, so that the 1 to 2 GB of rows streaming through the 50
+// MB L2 per batch (loaded and stored evict-first with .cs) do not push them out: a later lookup
+// of the set finds its tags and the part of the keys that L2 holds there, and a hit's stamp write
+// finds its sector there (a partial write of a sector that has left L2 costs a read of it from
+// DRAM).
 __device__ __forceinline__ uint64_t l2_keep_policy() {
   uint64_t p = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
