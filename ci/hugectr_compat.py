@@ -17,8 +17,9 @@ Suites (from the repository's tags, read with `git show`, nothing checked out):
 
 Each test is copied into a fresh temporary folder and changed by exactly the substitutions in
 `SUBSTITUTIONS` (imports -> embedlab.sok, SOK's module paths such as
-`sparse_operation_kit.embeddings.tf_distributed_embedding` -> the same path under embedlab.sok,
-`horovod.tensorflow` -> `embedlab.sok.horovod`, GPU sizes -> CPU sizes; every one applied is
+`sparse_operation_kit.embeddings.tf_distributed_embedding` -> the same path under
+embedlab.sok.compat (the compatibility wing), `horovod.tensorflow` -> `embedlab.sok.compat.horovod`,
+GPU sizes -> CPU sizes; every one applied is
 printed with its file and line, so anyone can audit that no assertion was touched), then run with
 `python -m embedlab.sok.launch -n N` in place of `horovodrun -np N` / `mpiexec -np N` (N =
 `--workers`, 2 by default; how each function test is started follows the tag's run_*.sh: `python
@@ -67,10 +68,12 @@ SUBSTITUTIONS = [
     (r"^(\s*)from sparse_operation_kit import experiment as sok\s*$", r"\1import embedlab.sok as sok", "import"),
     (r"^(\s*)import sparse_operation_kit\.experiment as sok\s*$", r"\1import embedlab.sok as sok", "import"),
     # SOK's first-generation module paths (HugeCTR's DenseDemo models.py imports
-    # sparse_operation_kit.embeddings.tf_distributed_embedding): the same paths under embedlab.sok
+    # sparse_operation_kit.embeddings.tf_distributed_embedding): the same paths in embedlab.sok's
+    # compatibility wing, embedlab.sok.compat
     (r"^(\s*)from sparse_operation_kit\.((?:embeddings|core|optimizers|saver)(?:\.\w+)*) import (.+)$",
-     r"\1from embedlab.sok.\2 import \3", "import"),
-    (r"^(\s*)import horovod\.tensorflow as hvd\s*$", r"\1import embedlab.sok.horovod as hvd", "import (horovod shim)"),
+     r"\1from embedlab.sok.compat.\2 import \3", "import"),
+    (r"^(\s*)import horovod\.tensorflow as hvd\s*$", r"\1import embedlab.sok.compat.horovod as hvd",
+     "import (horovod shim)"),
     # GPU sizes -> CPU sizes (2 cores): fewer steps, smaller batches and tables
     (r"^(\s*)iters = 100\s*$", r"\1iters = 10", "CPU size"),
     (r"^(\s*)batch_size = 8192\s*$", r"\1batch_size = 1024", "CPU size"),
@@ -148,7 +151,8 @@ def expected_unit(case) -> str:
         elif "--mixed_precision=1" in args:
             nxt = _MIXED
         else:
-            nxt = "embedding_variable.values[0].m_var_name (SOK's per-GPU variable and its file name; not provided)"
+            nxt = ("the dumped table's check: utils.sort_embedding_variables_by_key, a CUDA C kernel through "
+                   "cupy.RawKernel (after reading embedding_variable.values[0].m_var_name's files)")
     elif script == "test_multi_dense_emb_demo_model_hvd.py":
         nxt = (_MIXED if "--mixed_precision=1" in args else "dense_opt.variables() (Keras 2: a Keras 3 optimizer's "
                                                      "variables is a list)")

@@ -21,8 +21,8 @@ def load_core():
         return _embedlab_core
     try:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from embedlab import _native
-        return _native.core()
+        import embedlab
+        return embedlab.core()
     except Exception:
         import _embedlab_core
         return _embedlab_core

@@ -7,7 +7,7 @@ one JSON record: the median ms per step, how many tables and state tables start 
 their addresses mod 4096, a digest of table 0 and its state (equal across the cases), and what
 building Adam's state (zeros as large as the tables) took: seconds and the process's peak RSS
 before and after it.
-Run it once per case, alternating processes (RESULTS.md, lookup_cpu, *Tables placed by EmbedLab*):
+Run it once per case, alternating processes (docs/benchmarks/index.md, *Tables placed by EmbedLab*):
 
     .venv/bin/python helpers/benchmarks/adam_state.py                        # placed
     EMBEDLAB_ALIGNED_TABLES=0 .venv/bin/python helpers/benchmarks/adam_state.py   # TensorFlow's buffers
@@ -20,7 +20,7 @@ import argparse, hashlib, json, os, platform, resource, time
 import numpy as np
 from embedlab import import_tensorflow
 tf = import_tensorflow()
-from embedlab import _tables, ops, optimizers as eopt  # noqa: E402
+from embedlab import ops, optimizers as eopt, tables as _tables  # noqa: E402
 from embedlab._io import atomic_file  # noqa: E402
 
 p = argparse.ArgumentParser()

@@ -394,7 +394,7 @@ def report(results: dict, out: Path):
         d2 = runs["dask2"]
         # Per-core rates: 2 single-threaded workers on the 2 cores (every core busy, as on a
         # cluster of one worker per core), and 1 worker alone (one core, the other one idle: an
-        # upper bound). Carried to 32-core machines linearly (RESULTS.md says what that leaves out).
+        # upper bound). Carried to 32-core machines linearly (docs/benchmarks/index.md says what that leaves out).
         per_core = {"every core busy (dask2 / 2)": d2["rows_per_s"] / 2}
         if "dask1" in runs:
             per_core["one core alone (dask1)"] = runs["dask1"]["rows_per_s"]
@@ -417,8 +417,7 @@ def report(results: dict, out: Path):
         results["phases_dask2"] = ph
     out.write_text(json.dumps(results, indent=1))
     _plot(results, out.with_suffix(".png"))
-    _plot(results, HERE / "etl.png")             # the plot RESULTS.md shows, beside it
-    print(f"\nwrote {out}, {out.with_suffix('.png')} and {HERE / 'etl.png'}")
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
 
 
 def _plot(results, png: Path):

@@ -12,7 +12,7 @@ over a random ranking of the keys (`zipf`, hot keys in cache), in batches of `--
 
 Implementations, all in the same run and on the same keys:
 
-* `embedlab` - `embedlab._native.core().HashTable` on NumPy arrays, with the process pool
+* `embedlab` - `embedlab.core().HashTable` on NumPy arrays, with the process pool
   (all cores) and with `num_threads=1`;
 * `embedlab-tf` - the TF resource `embedlab.hash_table.HashTable`, one `tf.function` call
   per batch;
@@ -31,7 +31,7 @@ Each query figure is the median over `--repeats` passes, the implementations int
 within each pass, so load from other processes on a shared machine hits them alike; the fill
 is timed once. Reported as million keys per second and as the ratio embedlab / other.
 
-Prints a table and writes JSON (default helpers/benchmarks/results/hash_table_<machine>_<UTC time>.json).
+Prints a table and writes JSON (default docs/benchmarks/results/hash_table_<machine>_<UTC time>.json).
 
 Usage:
     .venv/bin/python helpers/benchmarks/hash_table.py --sizes 1000000 10000000
@@ -300,8 +300,8 @@ def main():
     a = parse_args()
     import embedlab
     tf = embedlab.import_tensorflow()   # without TensorFlow's C++ start-up banner; TF_CPP_MIN_LOG_LEVEL=2 unless set
-    from embedlab import _native
-    core = _native.core()
+    import embedlab
+    core = embedlab.core()
     rng = np.random.default_rng(a.seed)
     rows = []
     for n in a.sizes:

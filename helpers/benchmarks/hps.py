@@ -22,7 +22,7 @@ from the table (untimed), times its lookups of w.queries with time_calls(), chec
 against w.values (exact), and returns result rows made by result(...). Each row is one
 implementation; the baselines are tiers of their own ("baseline").
 
-Prints a table and writes JSON to helpers/benchmarks/results/hps_<machine>_<date>T<time>Z.json (or --out).
+Prints a table and writes JSON to docs/benchmarks/results/hps_<machine>_<date>T<time>Z.json (or --out).
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ def load_core():
     if os.environ.get("EMBEDLAB_CORE_STANDALONE"):
         import _embedlab_core
         return _embedlab_core
-    from embedlab import _native  # the installed package (make setup)
-    return _native.core()
+    import embedlab  # the installed package (make setup)
+    return embedlab.core()
 
 
 @dataclass

@@ -21,7 +21,7 @@ Each figure is the median of ``--repeats`` passes, in keys per second; the four 
 interleaved within each pass (load from other processes hits them alike). The Redis and RocksDB
 servers share the machine's cores with the client, like a single-host deployment.
 
-Prints a table and writes JSON (default helpers/benchmarks/results/hps_db_<machine>_<UTC time>.json).
+Prints a table and writes JSON (default docs/benchmarks/results/hps_db_<machine>_<UTC time>.json).
 ``tier_results(...)`` returns these rows; ``make_tiers(...)`` gives ``helpers/benchmarks/hps.py`` its
 ``redis`` and ``rocks_db`` tiers.
 
@@ -96,7 +96,7 @@ def tier_results(dims=(16, 128), rows=262144, batch=65536, repeats=3, mget_keys=
                  dists=("uniform", "zipf"), seed=0, verbose=True) -> list:
     """Runs the benchmark; returns one dict per (tier, dim, dist)."""
     from embedlab.hps.config import PersistentDBConfig, VolatileDBConfig
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     from embedlab.hps.tiers import RedisTier, RocksDBTier
 
     rng = np.random.default_rng(seed)
@@ -184,7 +184,7 @@ def make_tiers(time_calls, result, check_rows) -> dict:
     """
     def tier_redis(w, args):
         from embedlab.hps.config import VolatileDBConfig
-        from embedlab.hps.redis import start_redis
+        from embedlab.services.redis_server import start_redis
         from embedlab.hps.tiers import RedisTier
         server = start_redis()
         try:

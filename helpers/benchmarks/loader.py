@@ -10,7 +10,7 @@ Measures, on the same generated data and in the same process:
 5. peak resident memory of a loader epoch (fresh subprocesses) on a dataset 2x and 8x the
    shuffle buffer, against the loader's stated bound.
 
-Prints a table and writes JSON (default `helpers/benchmarks/results/loader_<machine>_<date>.json`).
+Prints a table and writes JSON (default `docs/benchmarks/results/loader_<machine>_<date>.json`).
 
     PYTHONPATH=helpers .venv/bin/python helpers/benchmarks/loader.py            # 2M rows
     PYTHONPATH=helpers .venv/bin/python helpers/benchmarks/loader.py --rows 400000 --quick
@@ -37,7 +37,7 @@ except ImportError:
     sys.path.insert(0, str(HERE.parent))
 
 from embedlab import config  # noqa: E402
-from embedlab.data import ParquetLoader, criteo, formats, memory  # noqa: E402
+from embedlab.data import ParquetLoader, criteo, formats, resident_set  # noqa: E402
 
 BYTES_PER_ROW = 4 + 13 * 4 + 28 * 8   # label + I1..I13 float32 + C1..C26 + 2 crosses int64
 
@@ -65,10 +65,10 @@ def _time_interleaved(pipelines, repeats):
 
 
 def _memory_child(path, batch, buffer_rows):
-    """One loader epoch in a fresh interpreter (embedlab.data.memory.peak_rss); RSS in MiB.
+    """One loader epoch in a fresh interpreter (embedlab.data.resident_set.peak_rss); RSS in MiB.
     `base` is the process after importing the loader (Keras and TensorFlow), `peak` its VmHWM."""
-    rows, mem = memory.peak_rss(memory.loader_epoch, str(path), batch, buffer_rows=buffer_rows, seed=0,
-                                preload=("embedlab.data.loader",))
+    rows, mem = resident_set.peak_rss(resident_set.loader_epoch, str(path), batch, buffer_rows=buffer_rows,
+                                      seed=0, preload=("embedlab.data.loader",))
     return dict(rows=rows, base=mem.base_mib, peak=mem.peak_mib)
 
 

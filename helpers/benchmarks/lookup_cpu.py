@@ -17,7 +17,7 @@ Measured, per dim, in the same run:
   by row first) and with pre-built CSR (`tf.RaggedTensor`) input.
 * in graph: the forward and the train steps again, `--steps-per-call` (K) steps per
   tf.function call, like Keras' `steps_per_execution`, so that TensorFlow's per-call Python
-  overhead (about 2 ms on the 2-core VM for 26 SparseTensor arguments, the same for both
+  overhead (milliseconds for 26 SparseTensor arguments, the same for both
   sides) is paid once per K steps. Every step uses the next of K batches of fresh keys (also
   in the per-call cases), so no step finds its rows in cache from the step before.
 * call overhead: a tf.function with a no-op body called with the same 26 SparseTensors. Every
@@ -38,7 +38,7 @@ Measured, per dim, in the same run:
   step is also timed with `fuse_lookup_backward=False` (the backward's IndexedSlices, then the
   sparse SGD op). Forward+backward without the update is timed
   too, and so are the pieces of EmbedLab's step on their own (the standalone COO->CSR op
-  `ops.to_csr`, which lookups on CPU variables no longer need; the forward, backward and SGD
+  `ops.to_csr`, which lookups on CPU variables do not need; the forward, backward and SGD
   apply kernels), to show where the time goes.
 
 Peers (when torch imports; `make bench-peers` runs this script in an environment with torch's
@@ -49,10 +49,10 @@ forward and train step, interleaved in one process; see `run_peers`. torch's Ope
 for milliseconds after each call by default and would slow what runs next in the process, so
 each timed call of the peers block comes after untimed calls of its own case lasting twice the
 longest such spin measured in the run (`--peer-lead-ms`); `OMP_WAIT_POLICY=PASSIVE` in the
-environment makes torch's threads sleep at once (RESULTS.md reports both).
+environment makes torch's threads sleep at once (docs/benchmarks/index.md reports both).
 
 Prints a table with ratios and writes JSON (default
-helpers/benchmarks/results/lookup_cpu_<machine>_<date>.json; see _results.py).
+docs/benchmarks/results/lookup_cpu_<machine>_<date>.json; see _results.py).
 
 Usage:
     PYTHONPATH=helpers python helpers/benchmarks/lookup_cpu.py --dims 16 64 128 --repeats 20
@@ -123,7 +123,7 @@ def _interleaved_ms(cases, warmup, repeats, lead_ms=0.0, gap_ms=0.0):
     (torch's OpenMP workers keep spinning for milliseconds after a call) have gone quiet, and the
     timed call finds the machine as a loop of that case alone would leave it: its own threads in
     their steady state, no one else's. gap_ms > 0: a sleep before each timed call instead (on a
-    VM an idle gap is no neutral start either: see RESULTS.md, lookup_cpu, Peers).
+    VM an idle gap is no neutral start either: see docs/benchmarks/index.md, peers).
     """
     for fn, arg in cases.values():
         for _ in range(warmup):
@@ -161,7 +161,7 @@ def _block(res):
     # Waits until the first result tensor is computed (no async executor hides time), without
     # copying it: `memoryview` of a CPU tensor is a view, where `.numpy()` would copy the whole
     # tensor into a fresh NumPy array (at dim 128 a 2 MiB copy per call, which the eager cases
-    # used to pay and the in-graph ones, returning a scalar, did not).
+    # would pay and the in-graph ones, returning a scalar, would not).
     import tensorflow as tf
     flat = tf.nest.flatten(res)
     if flat and isinstance(flat[0], tf.Tensor):  # the peers' cases (torch, NumPy) return None: synchronous
@@ -180,12 +180,12 @@ def _cpu_name():
     return _results.cpu_name()
 
 
-def run_dim(dim, a, tf, keras, ops, eopt, _native):
+def run_dim(dim, a, tf, keras, ops, eopt, embedlab):
     rng = np.random.default_rng(a.seed + dim)
     T, B = a.tables, a.batch
     print(f"[dim {dim}] creating {T} tables of {a.rows:,} x {dim} "
           f"({T * a.rows * dim * 4 / 2**30:.2f} GiB)...", flush=True)
-    from embedlab import _tables  # built as EmbedLab builds its layers' tables: 2 MiB-aligned, huge pages
+    from embedlab import tables as _tables  # built as EmbedLab builds its layers' tables: 2 MiB-aligned, huge pages
     tables = [tf.Variable(_tables.aligned(tf.random.uniform([a.rows, dim], -0.05, 0.05, seed=a.seed + t)),
                           name=f"table_{t}") for t in range(T)]
     perm = rng.permutation(a.rows).astype(np.int64) if a.keys == "zipf" else None
@@ -293,8 +293,8 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
         """K steps in one tf.function call, step b on batch b (ids captured, not passed; "sp":
         the COO SparseTensors, "rg": the same ids pre-built as CSR RaggedTensors).
 
-        Like Keras' steps_per_execution: TensorFlow's per-call Python overhead (about 2 ms on
-        this VM for 26 SparseTensor arguments, the same for both sides) is paid once per K
+        Like Keras' steps_per_execution: TensorFlow's per-call Python overhead (milliseconds
+        for 26 SparseTensor arguments, the same for both sides) is paid once per K
         steps. Each step starts after the previous one finished (control dependency), so
         neither side overlaps steps.
         """
@@ -326,7 +326,7 @@ def run_dim(dim, a, tf, keras, ops, eopt, _native):
     del vals
 
     # The pieces of EmbedLab's train step, each alone (for "where does the time go").
-    lib = _native.tf_ops()
+    lib = embedlab.tf_ops()
     splits = [x.row_splits for x in rg_ids]
     flat = [x.values for x in rg_ids]
     comb = ["sum"] * T
@@ -481,10 +481,10 @@ def _huge_kb(arrays):
     return total
 
 
-def run_peers(dim, a, tf, ops, eopt, _native, torch):
+def run_peers(dim, a, tf, ops, eopt, embedlab, torch):
     """torch.nn.EmbeddingBag (FBGEMM's JIT EmbeddingSpMDM on the CPU) against EmbedLab on the same
     tables: one NumPy buffer per table that torch wraps without a copy (`from_pretrained`), so
-    both sides read the very same pages; EmbedLab's framework-free core (`_native.core()`) on
+    both sides read the very same pages; EmbedLab's framework-free core (`embedlab.core()`) on
     those arrays, and, where memory allows a second copy, EmbedLab's TensorFlow op on variables
     holding the same values, in graph (K steps per call) and eagerly. All cases interleaved.
 
@@ -495,8 +495,7 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
     fused_embedding_lookup(optimizer=SGD). The core's forward is also timed into fresh output
     arrays every call (as torch allocates), with the page faults that costs.
     """
-    from embedlab import _native as native
-    core = native.core()
+    core = embedlab.core()
     rng = np.random.default_rng(a.seed + 7 * dim)
     T, B, K = a.tables, a.batch, a.steps_per_call
     huge = a.peer_pages == "huge"
@@ -535,8 +534,8 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
     class Ring:
         """The next of the K batches on every call. Each case starts at its own batch (its phase),
         so that within one repeat no two cases read the same keys: at dim 16 one batch's rows
-        (26 x ~8k x 64 B, 13.6 MB) fit in this VM's 32 MiB L3, and a case that read the rows the
-        case before it had just read found them in cache (with fewer batches than cases, some share one)."""
+        (26 x ~8k x 64 B, 13.6 MB) fit in an L3 of 32 MiB, and a case that read the rows the
+        case before it had just read would find them in cache (with fewer batches than cases, some share one)."""
 
         def __init__(self):
             self.i = next(phases)
@@ -605,10 +604,10 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
     with_tf = avail is None or need < avail
     if with_tf:
         print(f"[dim {dim}] peers: TensorFlow variables with the same values (a second copy)...", flush=True)
-        # Built as EmbedLab builds its layers' tables (embedlab._tables.aligned: each its own
+        # Built as EmbedLab builds its layers' tables (embedlab.tables.aligned: each its own
         # 2 MiB-aligned mapping on huge pages; EMBEDLAB_ALIGNED_TABLES=0 leaves them in TensorFlow's
         # allocator's buffers, 64 bytes into a page).
-        from embedlab import _tables
+        from embedlab import tables as _tables
         tables = [tf.Variable(_tables.aligned(x)) for x in arrays]
         addr_created = [_tables.address(v) for v in tables]
         rg = [[tf.RaggedTensor.from_row_splits(tf.constant(k), tf.constant(o), validate=False)
@@ -648,7 +647,7 @@ def run_peers(dim, a, tf, ops, eopt, _native, torch):
         # The same op called eagerly on inputs taken apart once, outside the timing: what
         # TensorFlow's eager dispatch of one op with 3 x 26 inputs costs, without EmbedLab's
         # Python wrapper (argument checks, conversions, the tape's notification).
-        lib = native.tf_ops()
+        lib = embedlab.tf_ops()
         raw_in = [([x.row_splits for x in b], [x.values for x in b]) for b in rg]
 
         def eager_op(_, ring=Ring()):
@@ -731,7 +730,7 @@ def main():
     import tensorflow as tf
 
     import embedlab
-    from embedlab import _native, ops
+    from embedlab import ops
     from embedlab import optimizers as eopt
 
     torch = None
@@ -753,14 +752,14 @@ def main():
                 print(f"[dim {d}] skipped: needs ~{need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available "
                       f"(lower --rows or drop this dim)", flush=True)
             else:
-                results.append(run_dim(d, a, tf, keras, ops, eopt, _native))
+                results.append(run_dim(d, a, tf, keras, ops, eopt, embedlab))
                 gc.collect()          # free this dim's tables (captured by its tf.functions) before the next
         if torch is not None:
             avail = _available_bytes()
             if avail is not None and a.tables * a.rows * d * 4 * 1.1 > avail:
                 print(f"[dim {d}] peers skipped: {avail / 2**30:.1f} GiB available", flush=True)
             else:
-                peer_results.append(run_peers(d, a, tf, ops, eopt, _native, torch))
+                peer_results.append(run_peers(d, a, tf, ops, eopt, embedlab, torch))
                 gc.collect()
         try:
             import psutil

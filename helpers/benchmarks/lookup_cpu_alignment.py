@@ -12,7 +12,7 @@ Three parts, one process each (every part holds two copies of 26 tables of 1M x 
   (``embed_lab_fused_resource_lookup`` on those variables), its ids captured eager tensors
   (``--ids captured``, passed in on every call) or constants of the graph (``--ids graph``).
   The variables are built as EmbedLab
-  builds its tables (``--variables embedlab``, the default: ``embedlab._tables.aligned``, each a
+  builds its tables (``--variables embedlab``, the default: ``embedlab.tables.aligned``, each a
   2 MiB-aligned mapping on huge pages) or by ``tf.Variable(array)`` (``--variables tensorflow``:
   TensorFlow's allocator, 64 bytes into a page). Reports where each variable's buffer
   starts (mod 4096) and, per case, every thread's CPU time and run-queue wait per step
@@ -53,7 +53,7 @@ def _parse():
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--steps", type=int, default=8, help="op steps per tf.function call (--part tf)")
     p.add_argument("--variables", choices=["embedlab", "tensorflow"], default="embedlab",
-                   help="--part tf: the variables built as EmbedLab builds its tables (embedlab._tables.aligned: "
+                   help="--part tf: the variables built as EmbedLab builds its tables (embedlab.tables.aligned: "
                         "2 MiB-aligned, huge pages) or as tf.Variable(array) builds them (TensorFlow's allocator)")
     p.add_argument("--ids", choices=["captured", "graph"], default="captured",
                    help="--part tf: the tf.function's ids as eager tensors it captures (passed in on every call, "
@@ -125,8 +125,8 @@ def _address(x):
 
 def main():
     a = _parse()
-    from embedlab import _native
-    core = _native.core()
+    import embedlab
+    core = embedlab.core()
     T, B, R, D, K = a.tables, a.batch, a.rows, a.dim, a.steps
     rng = np.random.default_rng(a.seed)
     arrays = []
@@ -179,9 +179,9 @@ def main():
         huge["shifted"] = lc._huge_kb(shifted)
     else:
         import tensorflow as tf
-        lib = _native.tf_ops()
+        lib = embedlab.tf_ops()
         if a.part == "tf" and a.variables == "embedlab":
-            from embedlab import _tables
+            from embedlab import tables as _tables
             tables = [tf.Variable(_tables.aligned(x)) for x in arrays]
         else:
             tables = [tf.Variable(x) for x in arrays]

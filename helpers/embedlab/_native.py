@@ -166,8 +166,8 @@ def cpu_isa(info: dict | None = None, flags: set | None = None, env: dict | None
         NativeLibraryError: as ``check_cpu_isa``.
 
     Example:
-        >>> from embedlab import _native
-        >>> _native.cpu_isa(info={"cpu_isas_built": "baseline,avx2,avx512"}, flags={"sse2"}, env={})
+        >>> import embedlab
+        >>> embedlab.cpu_isa(info={"cpu_isas_built": "baseline,avx2,avx512"}, flags={"sse2"}, env={})
         'baseline'
     """
     if info is None and flags is None and env is None:
@@ -220,8 +220,8 @@ def prefetch_level() -> str:
     never results.
 
     Example:
-        >>> from embedlab import _native
-        >>> _native.prefetch_level() in ("l1", "l2")
+        >>> import embedlab
+        >>> embedlab.prefetch_level() in ("l1", "l2")
         True
     """
     check_prefetch_level()
@@ -252,13 +252,40 @@ def loaded_cpu_isas() -> dict:
 
 
 def cuda_built() -> bool:
-    """True when the CUDA kernels were compiled in (a GPU is not needed to build them)."""
+    """True when the CUDA kernels were compiled in (a GPU is not needed to build them).
+
+    Example:
+        >>> import embedlab
+        >>> embedlab.cuda_built() in (True, False)
+        True
+    """
     return build_info()["cuda_built"]
 
 
 @functools.lru_cache(maxsize=None)
 def core():
-    """The framework-free module ``embedlab._embedlab_core`` (csrc/py: one <capability>_bindings.cc each)."""
+    """The framework-free kernels (csrc/core) as a Python module over NumPy / DLPack arrays.
+
+    The same kernels the TensorFlow ops run, for callers without TensorFlow (the HPS server,
+    benchmarks, GPU checks): the CPU lookups, sparse optimizers, CSR building, hash table,
+    embedding cache, key routing and Norm decoding, and, where ``cuda_built()``, their CUDA
+    versions (the functions ending in ``_cuda`` and ``CudaEmbeddingCache``). The module is
+    ``embedlab._embedlab_core`` (csrc/py, one ``<capability>_bindings.cc`` each), imported once.
+
+    Returns:
+        The module; ``cuda_built`` and ``cpu_isa`` on it say what this build holds and runs.
+
+    Raises:
+        NativeLibraryError: the module is not built, or ``EMBEDLAB_CPU_ISA_RUNTIME`` /
+            ``EMBEDLAB_PREFETCH_LEVEL`` ask for something it cannot do.
+
+    Example:
+        >>> import numpy as np, embedlab
+        >>> keys = np.array([3, 1, 3], np.int64)
+        >>> table = embedlab.core().HashTable(1024)
+        >>> table.find_or_insert(keys).tolist()
+        [0, 1, 0]
+    """
     check_cpu_isa()
     check_prefetch_level()
     try:
@@ -269,7 +296,21 @@ def core():
 
 @functools.lru_cache(maxsize=None)
 def tf_ops():
-    """The TensorFlow op library, loaded once; checks the TensorFlow version first."""
+    """The TensorFlow op library (the raw ``EmbedLab...`` ops behind ``embedlab.ops``), loaded once.
+
+    Returns:
+        The module ``tf.load_op_library`` gives: one snake_case function per op
+        (``embed_lab_lookup``, ...). ``embedlab.ops`` wraps them with checks and gradients.
+
+    Raises:
+        NativeLibraryError: the library is missing, or was built against another TensorFlow
+            (or, for its GPU kernels, another CUDA major version) than the one imported.
+
+    Example:
+        >>> import embedlab
+        >>> hasattr(embedlab.tf_ops(), "embed_lab_aligned_table")
+        True
+    """
     import tensorflow as tf
 
     info = build_info()

@@ -5,7 +5,7 @@ table). `find_or_insert` gives each new key the next dense index, `size()` at it
 keys taken in order of first occurrence (row-major), so the same sequence of calls gives the
 same indices whatever the thread count. It is the table behind SOK's DynamicVariable, the HPS
 hash_map tier and the Session's oversubscription working set (one C++ implementation,
-`csrc/core/hash_table.h`; `embedlab._native.core().HashTable` is the same table for NumPy).
+`csrc/core/hash_table.h`; `embedlab.core().HashTable` is the same table for NumPy).
 
 Works eagerly and inside `tf.function`; keys may have any shape (values come back shaped like
 them). The table is saved by `tf.train.Checkpoint` (its exported keys and values) and can be

@@ -2,9 +2,10 @@
 
 `embedding_lookup` and `fused_embedding_lookup` pool rows of float32 tables for int64 ids,
 like `tf.nn.safe_embedding_lookup_sparse`, in one multi-threaded kernel (one launch for many
-tables). Ids come as a `tf.RaggedTensor [batch, None]`, a `tf.SparseTensor [batch, max_nnz]`
-or a dense `[batch, max_nnz]` tensor padded with -1; key -1 is skipped everywhere, 0 is a
-valid key, and an empty row gives zeros.
+tables). Ids come as a `tf.RaggedTensor [batch, None]`, a `tf.SparseTensor [batch, max_nnz]`,
+a dense `[batch, max_nnz]` tensor padded with -1, or an `embedlab.SparseInput` (the one
+sparse-input type, made once from any of those); key -1 is skipped everywhere, 0 is a valid
+key, and an empty row gives zeros.
 
 The gradient with respect to a table is a `tf.IndexedSlices` holding each touched key once
 (duplicates summed, keys ascending), computed deterministically. Tables may be `tf.Variable`s
@@ -23,6 +24,7 @@ from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.ops import resource_variable_ops
 
 from . import _native
+from .sparse_input import SparseInput, as_csr
 
 __all__ = ["embedding_lookup", "fused_embedding_lookup", "to_csr"]
 
@@ -50,32 +52,18 @@ def _as_variable(table):
 
 def _is(dtype, expected) -> bool:
     """dtype == expected, answered by identity first: TensorFlow hands out one DType object per
-    type, and DType.__eq__ (Python) costs about 1 us, which an eager call of 26 tables paid a
-    hundred times (helpers/benchmarks/RESULTS.md, eager call overhead)."""
+    type, and DType.__eq__ (Python) is slow enough to matter to an eager call that checks 26
+    tables a hundred times."""
     return dtype is expected or dtype == expected
-
-
-def _check_keys_dtype(keys: tf.Tensor, where: str) -> tf.Tensor:
-    dtype = keys.dtype
-    if _is(dtype, tf.int64):
-        return keys
-    if _is(dtype, tf.int32):  # lossless; everything inside is int64
-        return tf.cast(keys, tf.int64)
-    raise ValueError(f"{where}: ids must be int64 (or int32) keys, got {dtype.name}")
-
-
-def _check_weights_dtype(w: tf.Tensor, where: str) -> tf.Tensor:
-    if not _is(w.dtype, tf.float32):
-        raise ValueError(f"{where}: weights must be float32, got {w.dtype.name}")
-    return w
 
 
 def to_csr(ids, weights=None, where: str = "embedlab.ops"):
     """Converts ids (and weights shaped like them) to CSR tensors.
 
     Args:
-        ids: `tf.RaggedTensor [batch, None]`, `tf.SparseTensor [batch, max_nnz]`, or a dense
-            `[batch, max_nnz]` (or `[batch]`, one key per row) tensor padded with -1.
+        ids: `tf.RaggedTensor [batch, None]`, `tf.SparseTensor [batch, max_nnz]`, a dense
+            `[batch, max_nnz]` (or `[batch]`, one key per row) tensor padded with -1, or an
+            `embedlab.SparseInput`.
         weights: None, or float32 of the same kind and shape as `ids`.
 
     Returns:
@@ -84,106 +72,36 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
     A SparseTensor is converted by `EmbedLabSparseToCsr`: one pass to count rows, no copy when
     its entries are in row order (canonical order), a stable counting sort otherwise, so
     unordered COO input is fine. Pre-built CSR (ragged or dense input) skips even the pass.
-    `fused_embedding_lookup` converts all its SparseTensor ids in one such op.
+    The same as `SparseInput.from_any(ids, weights)`'s `row_splits, keys, weights`.
 
     Example:
         >>> splits, keys, _ = to_csr(tf.ragged.constant([[3, 1], [], [7]], dtype=tf.int64))
         >>> splits.numpy().tolist(), keys.numpy().tolist()
         ([0, 2, 2, 3], [3, 1, 7])
     """
-    if isinstance(ids, tf.RaggedTensor):
-        if ids.ragged_rank != 1:
-            raise ValueError(f"{where}: ragged ids must have shape [batch, None] (ragged_rank 1), "
-                             f"got ragged_rank {ids.ragged_rank}")
-        keys = _check_keys_dtype(ids.values, where)
-        splits = ids.row_splits
-        if not _is(splits.dtype, tf.int64):
-            splits = tf.cast(splits, tf.int64)
-        w = None
-        if weights is not None:
-            if not isinstance(weights, tf.RaggedTensor):
-                raise ValueError(f"{where}: weights must be a RaggedTensor like ids, got {type(weights).__name__}")
-            w = _check_weights_dtype(weights.values, where)
-            _assert_same(tf.cast(weights.row_splits, tf.int64), splits, where, "weights.row_splits", "ids.row_splits")
-        return splits, keys, w
-
-    if isinstance(ids, tf.SparseTensor):
-        return _sparse_to_csr([ids], None if weights is None else [weights], where)[0]
-
-    ids = tf.convert_to_tensor(ids)
-    if ids.shape.rank == 1:
-        ids = ids[:, None]
-    if ids.shape.rank != 2:
-        raise ValueError(f"{where}: dense ids must be [batch, max_nnz] padded with -1, got shape {ids.shape}")
-    keys2d = _check_keys_dtype(ids, where)
-    shape = tf.shape(keys2d, out_type=tf.int64)
-    splits = tf.range(shape[0] + 1, dtype=tf.int64) * shape[1]
-    w = None
-    if weights is not None:
-        if isinstance(weights, (tf.RaggedTensor, tf.SparseTensor)):
-            raise ValueError(f"{where}: weights must be dense like ids, got {type(weights).__name__}")
-        weights = tf.convert_to_tensor(weights)
-        if weights.shape.rank == 1:
-            weights = weights[:, None]
-        if weights.shape.is_fully_defined() and keys2d.shape.is_fully_defined() and weights.shape != keys2d.shape:
-            raise ValueError(f"{where}: weights shape {weights.shape} differs from ids shape {keys2d.shape}")
-        w = tf.reshape(_check_weights_dtype(weights, where), [-1])
-    return splits, tf.reshape(keys2d, [-1]), w
+    x = SparseInput.from_any(ids, weights, where=where)
+    return x.row_splits, x.keys, x.weights
 
 
-def _sparse_inputs(ids, weights, where):
-    """The op inputs of several SparseTensor ids (and weights, all or none), checked:
-    (indices, values, dense_shapes, weights) lists."""
-    keys, w_in = [], []
-    for t, x in enumerate(ids):
-        if x.shape.rank not in (None, 2):
-            raise ValueError(f"{where}: SparseTensor ids must be [batch, max_nnz], got rank {x.shape.rank}")
-        keys.append(_check_keys_dtype(x.values, where))
-        if weights is not None:
-            w = weights[t]
-            if not isinstance(w, tf.SparseTensor):
-                raise ValueError(f"{where}: weights must be a SparseTensor like ids, got {type(w).__name__}")
-            _assert_same(w.indices, x.indices, where, "weights.indices", "ids.indices")
-            w_in.append(_check_weights_dtype(w.values, where))
-    return [x.indices for x in ids], keys, [x.dense_shape for x in ids], w_in
+def _inputs(ids, weights, where):
+    """One SparseInput per ids entry (weights: None or one per entry), weighted all or none."""
+    out = [SparseInput.from_any(x, None if weights is None else weights[t], where=where) for t, x in enumerate(ids)]
+    weighted = [x.has_weights for x in out]
+    if any(weighted) and not all(weighted):
+        raise ValueError(f"{where}: weights must be given for every table or for none; ids "
+                         f"{[t for t, w in enumerate(weighted) if not w]} carry no weights")
+    return out, weighted[0]
 
 
-def _sparse_to_csr(ids, weights, where):
-    """Several SparseTensor ids (and weights, all or none) to CSR in one op: [(splits, keys, w)]."""
-    splits, keys, w_out = _lib().embed_lab_sparse_to_csr(*_sparse_inputs(ids, weights, where))
-    return [(splits[t], keys[t], w_out[t] if w_out else None) for t in range(len(ids))]
-
-
-def _many_to_csr(ids, weights, where):
-    """to_csr for a list of ids; all SparseTensors among them go through a single op."""
-    n = len(ids)
-    out = [None] * n
-    sparse = [t for t in range(n) if isinstance(ids[t], tf.SparseTensor)]
-    if sparse:
-        conv = _sparse_to_csr([ids[t] for t in sparse], None if weights is None else [weights[t] for t in sparse], where)
-        for t, c in zip(sparse, conv):
-            out[t] = c
-    for t in range(n):
-        if out[t] is None:
-            out[t] = to_csr(ids[t], None if weights is None else weights[t], where)
-    return out
-
-
-def _assert_same(a, b, where, name_a, name_b):
-    if tf.executing_eagerly():
-        if a.shape != b.shape or not bool(tf.reduce_all(tf.equal(a, b))):
-            raise ValueError(f"{where}: {name_a} differ from {name_b}; weights must be shaped like ids")
-    else:
-        tf.debugging.assert_equal(a, b, message=f"{where}: {name_a} differ from {name_b}; "
-                                  "weights must be shaped like ids")
-
-
-def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=None, name=None, optimizer=None):
+def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=None, name=None, optimizer=None,
+                           backward_trigger=None):
     """Pooled lookups of many tables in one kernel launch.
 
     Args:
         tables: list of float32 `[rows_t, dim_t]` tables: `tf.Variable`, Keras variables or tensors.
-        ids: list (same length) of ids, each as accepted by `embedding_lookup`.
+        ids: list (same length) of ids, each as accepted by `embedding_lookup`, or an
+            `embedlab.SparseInput` (which carries its own weights). SparseTensor ids (and
+            SparseInputs made from them) of CPU tables go to one op that converts and looks up.
         combiners: "sum" | "mean", or a list with one per table.
         weights: None, or a list of per-key float32 weights shaped like each ids (None entries allowed
             only if all are None).
@@ -200,6 +118,10 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             variables; use this optimizer instance for these tables only. The TensorFlow op
             has a CPU kernel only so far (the CUDA kernel, `lookup_backward_apply_cuda`, is in
             the core and the framework-free binding, not yet in the TF GPU adapter).
+        backward_trigger: None, or (with `optimizer`) a trainable scalar float32 variable
+            whose gradient runs the update, for tables the tape does not watch
+            (non-trainable tables, HugeCTR's `bp_trigger`): ask the tape for its gradient
+            (zero) instead of the tables'.
 
     Returns:
         list of `[batch_t, dim_t]` float32 tensors.
@@ -228,6 +150,9 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
         if len(weights) != n or any(w is None for w in weights):
             raise ValueError(f"{where}: weights must be None or one weights tensor per table")
 
+    if backward_trigger is not None and optimizer is None:
+        raise ValueError(f"{where}: backward_trigger is only used with an optimizer")
+
     with tf.name_scope(name or "embedlab_fused_lookup"):
         for t, table in enumerate(tables):
             if getattr(table, "is_dynamic", False):   # a sok.DynamicVariable is read by key, not by row
@@ -246,10 +171,11 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
                     raise ValueError(f"{where}: tables must be float32, got {v.dtype.name}")
             forward = _resource_forward(variables, ids, weights, combiners, where)
             if optimizer is not None:
-                return _lookup_training(variables, list(tables), forward, combiners, optimizer)
+                return _lookup_training(variables, list(tables), forward, combiners, optimizer, backward_trigger)
             _watch(variables)
             return forward([v.handle for v in variables])[0]
-        csr = _many_to_csr(ids, weights, where)
+        inputs, weighted = _inputs(ids, weights, where)
+        csr = as_csr(inputs)
         tensors = []
         for t, table in enumerate(tables):
             table = tf.convert_to_tensor(table)
@@ -259,14 +185,14 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
                 raise ValueError(f"{where}: tables[{t}] must be [rows, dim], got shape {table.shape}")
             tensors.append(table)
         return _lib().embed_lab_fused_lookup(tensors, [c[0] for c in csr], [c[1] for c in csr],
-                                             [c[2] for c in csr] if weights is not None else [],
+                                             [c[2] for c in csr] if weighted else [],
                                              combiners=combiners)
 
 
 def _watch(variables):
     """Lets a GradientTape (and any variable watcher) watch the variables, as reading them does.
     Eagerly, one batched notification instead of a graph check per variable: part of keeping an
-    eager call's own cost small (helpers/benchmarks/RESULTS.md, lookup_cpu peers)."""
+    eager call's own cost small."""
     if tf.executing_eagerly():
         _variables_accessed(variables)
         return
@@ -309,19 +235,21 @@ def _on_cpu(variables):
 def _resource_forward(variables, ids, weights, combiners, where):
     """forward(handles) -> (outputs, row_splits, keys, weights) of a lookup of variables: the
     pooled rows, and the CSR ids they were computed from (what the backward reads)."""
-    if all(isinstance(x, tf.SparseTensor) for x in ids) and _on_cpu(variables):
-        # All SparseTensors (the usual input) and CPU tables: conversion and lookup in one op
-        # (CPU kernel only). In graph on the 2-core VM, what the dim-16 train step pays for COO
-        # over CSR input fell from 0.4-1.3 ms to 0.1-0.4 ms (helpers/benchmarks/RESULTS.md).
-        sparse = _sparse_inputs(ids, weights, where)
+    inputs, weighted = _inputs(ids, weights, where)
+    if all(x.is_coo for x in inputs) and _on_cpu(variables):
+        # All COO (the usual input) and CPU tables: conversion and lookup in one op
+        # (CPU kernel only), so that COO input costs the train step little more than CSR input.
+        coo = [x.coo for x in inputs]
+        sparse = ([c[0] for c in coo], [c[1] for c in coo], [c[2] for c in coo],
+                  [c[3] for c in coo] if weighted else [])
 
         def forward(handles):
             r = _lib().embed_lab_fused_resource_sparse_lookup(list(handles), *sparse, combiners=combiners)
             return list(r.outputs), list(r.row_splits), list(r.keys), list(r.weights_out)
         return forward
-    csr = _many_to_csr(ids, weights, where)
+    csr = as_csr(inputs)
     splits, keys = [c[0] for c in csr], [c[1] for c in csr]
-    wts = [c[2] for c in csr] if weights is not None else []
+    wts = [c[2] for c in csr] if weighted else []
 
     def forward(handles):
         outs = _lib().embed_lab_fused_resource_lookup(list(handles), splits, keys, wts, combiners=combiners)
@@ -329,18 +257,21 @@ def _resource_forward(variables, ids, weights, combiners, where):
     return forward
 
 
-def _lookup_training(variables, tables, forward, combiners, optimizer):
-    """The forward whose gradient updates the tables with `optimizer` (see fused_embedding_lookup)."""
+def _lookup_training(variables, tables, forward, combiners, optimizer, trigger=None):
+    """The forward whose gradient updates the tables with `optimizer` (see fused_embedding_lookup):
+    "optimizer in backward", for the ops' callers and for the plugin layer (through `trigger`)."""
     if not optimizer.built:
         optimizer.build(tables)
 
     # The tape watches the tables through their handles, which go in as the inputs of the custom
     # gradient (not as variables captured inside it: in a tf.function that would read, i.e.
-    # copy, every whole table on each step).
+    # copy, every whole table on each step). With a trigger, its value goes in first: reading
+    # that trainable variable is what the tape watches, when it watches no table.
     _watch(variables)
 
     @tf.custom_gradient
-    def lookup(*handles):
+    def lookup(*args):
+        handles = args[1:] if trigger is not None else args
         outs, splits, keys, wts = forward(handles)
 
         def grad(*dys):
@@ -355,11 +286,15 @@ def _lookup_training(variables, tables, forward, combiners, optimizer):
                         [wts[t] for t in ts] if wts else None, [combiners[t] for t in ts],
                         [tables[t] for t in ts])
             optimizer.iterations.assign_add(1)
-            return [None] * len(handles)
+            return ([tf.zeros_like(args[0])] if trigger is not None else []) + [None] * len(handles)
 
         return outs, grad
 
-    return lookup(*[v.handle for v in variables])
+    handles = [v.handle for v in variables]
+    if trigger is not None:
+        v = _as_variable(trigger)
+        handles = [tf.convert_to_tensor(trigger if v is None else v)] + handles
+    return lookup(*handles)
 
 
 def embedding_lookup(table, ids, combiner: str = "sum", weights=None, name=None):
@@ -377,8 +312,9 @@ def embedding_lookup(table, ids, combiner: str = "sum", weights=None, name=None)
         `[batch, dim]` float32; empty rows are zeros. Differentiable in `table` (IndexedSlices).
 
     Raises:
-        ValueError for wrong dtypes or shapes; `tf.errors.InvalidArgumentError` naming the op,
-        argument and value for keys out of range or inconsistent row splits.
+        ValueError: wrong dtypes or shapes.
+        tf.errors.InvalidArgumentError: keys out of range or inconsistent row splits (naming
+            the op, the argument and the value).
 
     Example:
         >>> table = tf.Variable(tf.reshape(tf.range(8, dtype=tf.float32), [4, 2]))

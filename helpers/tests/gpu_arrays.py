@@ -20,8 +20,8 @@ def load_core():
         import _embedlab_core
         return _embedlab_core
     try:
-        from embedlab import _native
-        return _native.core()
+        import embedlab
+        return embedlab.core()
     except Exception:  # the device machine builds the module standalone, outside the package
         import _embedlab_core
         return _embedlab_core

@@ -273,8 +273,8 @@ def test_bad_sparse_row_index_on_variables_names_the_op_and_table():
 
 def test_bad_row_splits_through_the_raw_op_name_the_table():
     # ops.* builds valid splits; the op itself must still refuse bad ones (checked in the kernel).
-    from embedlab import _native
-    lib = _native.tf_ops()
+    import embedlab
+    lib = embedlab.tf_ops()
     t = tf.Variable(tf.ones([6, 2]))
     keys = tf.constant([1, 2, 3], tf.int64)
     for bad in ([0, 1 << 40, 2, 3], [0, 2, 1, 3]):

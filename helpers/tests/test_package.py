@@ -34,11 +34,13 @@ def _fake_checkout(root: Path) -> Path:
 
 def test_dir_lists_only_modules_that_import():
     names = [n for n in dir(embedlab) if not n.startswith("_")]
-    for expected in ("config", "ops", "optimizers", "plugin", "data", "models", "build_info", "cuda_built"):
+    for expected in ("config", "ops", "optimizers", "plugin", "data", "models", "tables", "build_info", "cuda_built",
+                     "core", "tf_ops", "cpu_isa", "prefetch_level"):
         assert expected in names
     pkg_dir = Path(embedlab.__file__).parent
     for name in names:
-        if name in ("build_info", "cuda_built", "import_tensorflow"):
+        if name in ("core", "tf_ops", "build_info", "cuda_built", "cpu_isa", "prefetch_level", "NativeLibraryError",
+                    "import_tensorflow", "SparseInput"):
             continue
         assert (pkg_dir / f"{name}.py").is_file() or (pkg_dir / name / "__init__.py").is_file(), name
         assert importlib.import_module(f"embedlab.{name}") is getattr(embedlab, name)
@@ -134,54 +136,43 @@ def test_interleaved_ms_times_every_case_in_turn():
         timing.interleaved_ms({"a": lambda: None}, repeats=0)
 
 
-def test_tutorial_helpers_keep_their_old_paths():
-    """The notebooks' helpers live in embedlab.tutorials; the names users imported before stay
-    importable where they were, as the same objects, and the product packages do not import the
-    tutorials until such a name is used."""
+def test_tutorials_are_a_leaf_imported_by_their_own_paths():
+    """The notebooks' helpers live in embedlab.tutorials and import by those paths only; no
+    product package imports them, and the redis-server launcher is a service helper."""
     r = subprocess.run([sys.executable, "-c", "import sys, embedlab.models, embedlab.session, embedlab.sok, "
-                        "embedlab.hps.export; "
+                        "embedlab.hps, embedlab.hps.export, embedlab.serving.reference, embedlab.services; "
                         "print(sorted(m for m in sys.modules if m.startswith('embedlab.tutorials')))"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr)
     from embedlab import tutorials
     from embedlab.tutorials import hps_demo, naive_dnn, session_lab, sok_demo, sok_guide, training
-    import embedlab.models
-    import embedlab.models.training
-    from embedlab.models import sparse_update_ms, sparse_update_step, train_steps
-    assert embedlab.models.training is training and tutorials.training is training
-    assert (train_steps, sparse_update_step, sparse_update_ms) == (
-        training.train_steps, training.sparse_update_step, training.sparse_update_ms)
-    import embedlab.session.lab
-    from embedlab.session import lab
-    assert lab is session_lab and embedlab.session.lab is session_lab and lab.train_passes is session_lab.train_passes
-    from embedlab.hps import demo as hdemo, export
-    from embedlab.sok import demo as sdemo, demo_guide
-    assert (hdemo, sdemo, demo_guide) == (hps_demo, sok_demo, sok_guide)
-    import embedlab.hps.demo
-    import embedlab.sok.demo_guide
-    assert embedlab.hps.demo is hps_demo and embedlab.sok.demo_guide is sok_guide
-    for m in (training, session_lab, hps_demo, sok_demo, sok_guide):   # still their own modules
+    assert tutorials.training is training and callable(training.train_steps) and callable(session_lab.train_passes)
+    for m in (training, session_lab, hps_demo, sok_demo, sok_guide, naive_dnn):
         assert m.__spec__.name == m.__name__ and m.__name__.startswith("embedlab.tutorials."), m
-    for old_path in ("models/training.py", "session/lab.py", "sok/demo.py", "sok/demo_guide.py", "hps/demo.py"):
-        assert not (Path(embedlab.__file__).parent / old_path).exists(), old_path   # no tutorial code there
-    for name in ("DemoArgs", "demo_args", "ClickModel", "generate_samples", "evaluate", "train_naive_dnn",
-                 "write_manifest", "export_for_serving"):
-        assert getattr(export, name) is getattr(naive_dnn, name), name
-    with pytest.raises(AttributeError, match="no attribute 'train_nothing'"):
-        export.train_nothing  # noqa: B018
-    r = subprocess.run([sys.executable, "-m", "embedlab.sok.demo", "--help"], capture_output=True, text=True,
-                       timeout=300)
+    for old in ("embedlab.models.training", "embedlab.session.lab", "embedlab.sok.demo", "embedlab.sok.demo_guide",
+                "embedlab.hps.demo", "embedlab.hps.redis"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    import embedlab.models
+    from embedlab.hps import export
+    for name in ("train_steps", "sparse_update_step", "sparse_update_ms", "training"):
+        assert not hasattr(embedlab.models, name), name
+    for name in ("DemoArgs", "demo_args", "ClickModel", "train_naive_dnn", "export_for_serving", "MODEL_NAME"):
+        assert not hasattr(export, name), name
+    from embedlab import services
+    from embedlab.services import redis_server
+    assert services.hps_redis is redis_server.hps_redis and services.start_redis is redis_server.start_redis
+    r = subprocess.run([sys.executable, "-m", "embedlab.tutorials.sok_demo", "--help"], capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0 and "--global-batch" in r.stdout, r.stderr
 
 
 def test_data_public_names_keep_their_old_paths():
     """embedlab.data.criteo and .formats are packages now; every public name of the former
-    modules, and the module path embedlab.data.criteo_dask, still import."""
+    modules still import."""
     import embedlab._io
-    import embedlab.data.criteo_dask as criteo_dask_by_path
-    from embedlab.data import ParquetLoader, criteo, criteo_dask, formats, memory  # noqa: F401
+    from embedlab.data import ParquetLoader, criteo, formats, resident_set  # noqa: F401
     from embedlab.data.criteo import etl_dask
-    assert criteo_dask is criteo_dask_by_path is etl_dask
     for name in ["NUM_INT", "NUM_CAT", "NUM_FIELDS", "LABEL", "INT_COLUMNS", "CAT_COLUMNS",
                  "CROSSES", "MISSING_HEX", "KAGGLE_SPLIT", "SPLIT_NAMES", "KAGGLE_CARDINALITIES",
                  "generate", "Block", "CriteoFormatError", "read_chunks", "count_lines",
@@ -189,12 +180,12 @@ def test_data_public_names_keep_their_old_paths():
         assert getattr(criteo, name) is not None, name
     for name in ["preprocess", "local_client", "resolve_client", "worker_peak_rss",
                  "output_digest", "ChunkFailedError", "SCHEDULER_ENV"]:
-        assert getattr(criteo_dask, name) is not None, name
+        assert getattr(etl_dask, name) is not None, name
     for name in formats.__all__:
         assert getattr(formats, name) is not None, name
     assert formats.FormatError is embedlab._io.FormatError
     assert formats.read_file_list is embedlab._io.read_file_list
-    from embedlab.data.formats import NormData, _read_header, read_norm  # noqa: F401
+    from embedlab.data.formats import NormData, read_header, read_norm  # noqa: F401
     assert criteo.generate.__module__ == "embedlab.data.criteo.synth"
     assert formats.read_norm.__module__ == "embedlab.data.formats.norm"
 
@@ -245,11 +236,56 @@ def test_session_public_names_keep_their_old_paths():
     assert TFOptimizer.__module__ == "embedlab.session.optimizer"
 
 
+def test_sok_v1_module_paths_resolve_to_the_compat_wing():
+    """SOK v1's module paths and the Horovod shim live in `embedlab.sok.compat`; the paths code
+    imported them by under `embedlab.sok` (as `ci/hugectr_compat.py` once mapped
+    `sparse_operation_kit.*`) import the wing's modules, the same objects, with no second copy."""
+    import sys
+    import embedlab.sok as sok
+    from embedlab.sok import compat
+    wing = Path(compat.__file__).parent
+    for old in ("core", "embeddings", "optimizers", "saver", "horovod.py", "legacy.py"):
+        assert not (Path(sok.__file__).parent / old).exists(), old        # no shim beside the product
+    pairs = {"embedlab.sok.core": "embedlab.sok.compat.core",
+             "embedlab.sok.core.initialize": "embedlab.sok.compat.core.initialize",
+             "embedlab.sok.core.context_scope": "embedlab.sok.compat.core.context_scope",
+             "embedlab.sok.embeddings": "embedlab.sok.compat.embeddings",
+             "embedlab.sok.embeddings.distributed_embedding": "embedlab.sok.compat.embeddings.distributed_embedding",
+             "embedlab.sok.embeddings.all2all_dense_embedding":
+                 "embedlab.sok.compat.embeddings.all2all_dense_embedding",
+             "embedlab.sok.embeddings.get_embedding_op": "embedlab.sok.compat.embeddings.get_embedding_op",
+             "embedlab.sok.embeddings.tf_distributed_embedding":
+                 "embedlab.sok.compat.embeddings.tf_distributed_embedding",
+             "embedlab.sok.optimizers": "embedlab.sok.compat.optimizers",
+             "embedlab.sok.optimizers.utils": "embedlab.sok.compat.optimizers.utils",
+             "embedlab.sok.saver": "embedlab.sok.compat.saver",
+             "embedlab.sok.saver.Saver": "embedlab.sok.compat.saver.Saver",
+             "embedlab.sok.horovod": "embedlab.sok.compat.horovod",
+             "embedlab.sok.legacy": "embedlab.sok.compat.v1"}
+    for old, new in pairs.items():
+        assert compat.target(old) == new, old
+        module = importlib.import_module(old)
+        assert module is importlib.import_module(new) and module.__name__ == new, old
+        assert Path(module.__file__).is_relative_to(wing), old
+        assert sys.modules[old] is sys.modules[new], old
+    assert compat.target("embedlab.sok.lookup") is None and compat.target("embedlab.sok.coreish") is None
+    from embedlab.sok.embeddings.tf_distributed_embedding import TFDistributedEmbedding
+    from embedlab.sok.compat.embeddings import tf_distributed_embedding
+    assert TFDistributedEmbedding is tf_distributed_embedding.TFDistributedEmbedding
+    # SOK's package attributes: sok.embeddings.<module>, sok.core.initialize, sok.saver.Saver.Saver
+    assert sok.embeddings.distributed_embedding.DistributedEmbedding is sok.DistributedEmbedding
+    assert sok.core.initialize.Init is sok.Init and sok.saver.Saver.Saver is sok.Saver
+    assert sok.DistributedEmbedding.__module__ == "embedlab.sok.compat.v1"
+    with pytest.raises(AttributeError, match="compiled GPU Adam is not provided"):
+        sok.optimizers.Adam  # noqa: B018
+    with pytest.raises(ModuleNotFoundError, match="embedlab.sok.embeddings.missing"):
+        importlib.import_module("embedlab.sok.embeddings.missing")
+
+
 def test_core_module_names_keep_their_place():
     """`_embedlab_core` is made of one bindings file per capability (csrc/py, registered through
     registry.h): every capability's names are on the module, the CUDA ones wherever CUDA was built."""
-    from embedlab import _native
-    core = _native.core()
+    core = embedlab.core()
     cpu = {"lookup_forward", "lookup_forward_coo", "lookup_backward", "lookup_backward_apply",
            "lookup_backward_apply_many", "sparse_sgd", "sparse_adagrad", "sparse_adam", "coo_to_csr",
            "cpu_isa", "cpu_isas_built", "cuda_built", "EmbeddingCache", "HashMapStore", "HashTable",
@@ -262,9 +298,9 @@ def test_core_module_names_keep_their_place():
             "CudaEmbeddingCache", "route_cuda_workspace_size", "route_count_cuda", "route_scatter_cuda"}
     names = {n for n in dir(core) if not n.startswith("__")}
     assert cpu <= names, sorted(cpu - names)
-    assert core.cuda_built == _native.cuda_built()
+    assert core.cuda_built == embedlab.cuda_built()
     if core.cuda_built:
         assert cuda <= names, sorted(cuda - names)
     else:
         assert not cuda & names, sorted(cuda & names)
-    assert core.cpu_isa == _native.cpu_isa()
+    assert core.cpu_isa == embedlab.cpu_isa()

@@ -1,4 +1,4 @@
-"""embedlab._tables: where large CPU tables live (2 MiB-aligned mappings on huge pages), and that
+"""embedlab.tables: where large CPU tables live (2 MiB-aligned mappings on huge pages), and that
 nothing else changes: values, lookups, training, assign (TensorFlow's snapshot semantics),
 checkpoints, memory release."""
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from embedlab import _tables, ops  # noqa: E402
+from embedlab import tables, ops  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 
-A = _tables.ALIGNMENT
+A = tables.ALIGNMENT
 ROWS, DIM = 1 << 20, 8      # 32 MiB: the smallest table that gets a mapping of its own
 
 
@@ -62,20 +62,20 @@ def _thp_enabled():
 
 def test_aligned_copies_values_into_an_aligned_huge_page_mapping(rng):
     x = _table(rng)
-    t = _tables.aligned(tf.constant(x))
+    t = tables.aligned(tf.constant(x))
     v = tf.Variable(t)
     del t
-    assert _tables.address(v) % A == 0                       # the variable adopted the aligned buffer
+    assert tables.address(v) % A == 0                       # the variable adopted the aligned buffer
     assert v.numpy().tobytes() == x.tobytes()
     if _thp_enabled() and os.environ.get("EMBEDLAB_HUGE_PAGES", "1") not in ("0", "off"):
-        assert "hg" in _vm_flags(_tables.address(v))         # advised MADV_HUGEPAGE
+        assert "hg" in _vm_flags(tables.address(v))         # advised MADV_HUGEPAGE
 
 
 def test_aligned_leaves_small_and_other_tables_as_they_are(rng):
     small = tf.constant(_table(rng, 1000, 4))
-    assert _tables.aligned(small) is small
+    assert tables.aligned(small) is small
     ints = tf.zeros([ROWS, DIM], tf.int32)
-    assert _tables.aligned(ints) is ints
+    assert tables.aligned(ints) is ints
 
 
 def test_aligned_gives_the_variable_a_buffer_of_its_own(rng):
@@ -85,46 +85,46 @@ def test_aligned_gives_the_variable_a_buffer_of_its_own(rng):
     skip = (-raw.__array_interface__["data"][0] % A) // 4
     x = raw[skip:skip + ROWS * DIM].reshape(ROWS, DIM)
     x[:] = _table(rng)
-    v = tf.Variable(_tables.aligned(tf.experimental.dlpack.from_dlpack(x.__dlpack__())))
-    addr = _tables.address(v)
+    v = tf.Variable(tables.aligned(tf.experimental.dlpack.from_dlpack(x.__dlpack__())))
+    addr = tables.address(v)
     assert addr % A == 0 and addr != x.__array_interface__["data"][0]
     sgd = eopt.SGD(learning_rate=0.1)
     sgd.build([v])
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(ops.fused_embedding_lookup([v], [_ids(rng)], "sum", optimizer=sgd)[0])
     tape.gradient(loss, [v])
-    assert _tables.address(v) == addr
+    assert tables.address(v) == addr
 
 
 def test_lookups_read_aligned_tables_with_the_same_bits(rng):
     x = _table(rng)
-    plain, placed = tf.Variable(x), tf.Variable(_tables.aligned(x))
-    assert _tables.address(placed) % A == 0
+    plain, placed = tf.Variable(x), tf.Variable(tables.aligned(x))
+    assert tables.address(placed) % A == 0
     ids = _ids(rng)
     for _ in range(3):                                    # and the lookups leave both where they are
         assert _lookup(plain, ids).tobytes() == _lookup(placed, ids).tobytes()
-    assert _tables.address(placed) % A == 0
+    assert tables.address(placed) % A == 0
 
 
 def test_assign_keeps_the_mapping_and_tensorflows_snapshot_semantics(rng):
     x, y, z = _table(rng), _table(rng), _table(rng)
-    v = tf.Variable(_tables.aligned(x))
-    addr = _tables.address(v)
-    _tables.assign(v, y)                       # no one else holds it: copied in place
-    assert _tables.address(v) == addr
+    v = tf.Variable(tables.aligned(x))
+    addr = tables.address(v)
+    tables.assign(v, y)                       # no one else holds it: copied in place
+    assert tables.address(v) == addr
     assert v.numpy().tobytes() == y.tobytes()
 
     held = v.value()                           # a read holds the buffer: a new mapping, the read keeps y
     view = np.from_dlpack(_Capsule(tf.experimental.dlpack.to_dlpack(v.value())))
-    _tables.assign(v, z)
-    assert _tables.address(v) != addr and _tables.address(v) % A == 0
+    tables.assign(v, z)
+    assert tables.address(v) != addr and tables.address(v) % A == 0
     assert held.numpy().tobytes() == view.tobytes() == y.tobytes()
     assert v.numpy().tobytes() == z.tobytes()
 
     with pytest.raises(ValueError, match="shape"):
-        _tables.assign(v, x[:-1])
+        tables.assign(v, x[:-1])
     small = tf.Variable(np.zeros((4, 2), np.float32))   # small tables: TensorFlow's assign
-    _tables.assign(small, np.ones((4, 2), np.float32))
+    tables.assign(small, np.ones((4, 2), np.float32))
     assert small.numpy().sum() == 8
 
 
@@ -141,7 +141,7 @@ class _Capsule:
 
 def test_training_keeps_tables_aligned_and_trains_the_same_bits(rng):
     x = _table(rng)
-    v, ref = tf.Variable(_tables.aligned(x)), tf.Variable(x)
+    v, ref = tf.Variable(tables.aligned(x)), tf.Variable(x)
     ids = _ids(rng)
     for var in (v, ref):
         sgd = eopt.SGD(learning_rate=0.1)
@@ -150,13 +150,13 @@ def test_training_keeps_tables_aligned_and_trains_the_same_bits(rng):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(ops.fused_embedding_lookup([var], [ids], "sum", optimizer=sgd)[0] ** 2)
             tape.gradient(loss, [var])
-    assert _tables.address(v) % A == 0
+    assert tables.address(v) % A == 0
     assert v.numpy().tobytes() == ref.numpy().tobytes()
     adam = eopt.Adam(0.01)                     # IndexedSlices gradients, then the sparse update op
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(ops.fused_embedding_lookup([v], [ids], "sum")[0])
     adam.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
-    assert _tables.address(v) % A == 0
+    assert tables.address(v) % A == 0
 
 
 def test_zeros_is_a_fresh_mapping_that_nothing_touched(rng):
@@ -164,9 +164,9 @@ def test_zeros_is_a_fresh_mapping_that_nothing_touched(rng):
     touched until written; small tables come as tf.zeros gives them; a bad shape is refused."""
     gc.collect()
     base = _rss()
-    v = tf.Variable(_tables.zeros([ROWS * 4, DIM]))                  # 128 MiB
+    v = tf.Variable(tables.zeros([ROWS * 4, DIM]))                  # 128 MiB
     assert _rss() - base < 16 << 20                                    # nothing faulted in
-    assert _tables.address(v) % A == 0
+    assert tables.address(v) % A == 0
     assert not tf.reduce_any(v != 0.0).numpy()
     ids = _ids(rng)
     x = _table(rng, 150, DIM)
@@ -177,54 +177,54 @@ def test_zeros_is_a_fresh_mapping_that_nothing_touched(rng):
             loss = tf.reduce_sum(ops.fused_embedding_lookup([var], [ids], "sum", optimizer=sgd)[0] * x)
         tape.gradient(loss, [var])
     assert v.numpy().tobytes() == w.numpy().tobytes() and v.numpy().any()
-    assert _tables.address(v) % A == 0
-    small = _tables.zeros([1000, 4])
+    assert tables.address(v) % A == 0
+    small = tables.zeros([1000, 4])
     assert small.shape == (1000, 4) and not small.numpy().any()
     with pytest.raises(ValueError, match=r"shape must be \[rows, dim\]"):
-        _tables.zeros([4, 4, 4])
+        tables.zeros([4, 4, 4])
 
 
 def test_assign_op_refuses_another_shape_or_dtype_and_changes_nothing(rng):
     """The op itself (under the Python wrapper's checks) refuses a value of another shape, or a
     variable of another dtype, naming both, and leaves the table as it was."""
-    from embedlab import _native
+    import embedlab
     x = _table(rng)
-    v = tf.Variable(_tables.aligned(x))
-    addr = _tables.address(v)
+    v = tf.Variable(tables.aligned(x))
+    addr = tables.address(v)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"EmbedLabAssignTable: value of shape \[%d,%d\] "
                        r"for a variable of shape \[%d,%d\]" % (ROWS * 2, DIM // 2, ROWS, DIM)):
-        _native.tf_ops().embed_lab_assign_table(v.handle, tf.zeros([ROWS * 2, DIM // 2]))
+        embedlab.tf_ops().embed_lab_assign_table(v.handle, tf.zeros([ROWS * 2, DIM // 2]))
     d = tf.Variable(tf.zeros([ROWS, DIM], tf.float64))
     with pytest.raises(tf.errors.InvalidArgumentError, match="value of dtype float for a variable of dtype double"):
-        _native.tf_ops().embed_lab_assign_table(d.handle, tf.zeros([ROWS, DIM]))
-    assert _tables.address(v) == addr and v.numpy().tobytes() == x.tobytes()
+        embedlab.tf_ops().embed_lab_assign_table(d.handle, tf.zeros([ROWS, DIM]))
+    assert tables.address(v) == addr and v.numpy().tobytes() == x.tobytes()
     assert d.dtype == tf.float64 and not d.numpy().any()
 
 
 def test_checkpoints_restore_values_and_place_by_path(rng, tmp_path):
     """tf.train.Checkpoint restores the values; its assign takes TensorFlow's buffer, and
-    `_tables.assign` of the restored value puts the table back."""
+    `tables.assign` of the restored value puts the table back."""
     x = _table(rng)
-    v = tf.Variable(_tables.aligned(x))
+    v = tf.Variable(tables.aligned(x))
     path = tf.train.Checkpoint(t=v).save(str(tmp_path / "ckpt"))
-    _tables.assign(v, np.zeros_like(x))
+    tables.assign(v, np.zeros_like(x))
     tf.train.Checkpoint(t=v).restore(path)
     assert v.numpy().tobytes() == x.tobytes()
-    _tables.assign(v, v.read_value())
-    assert _tables.address(v) % A == 0 and v.numpy().tobytes() == x.tobytes()
+    tables.assign(v, v.read_value())
+    assert tables.address(v) % A == 0 and v.numpy().tobytes() == x.tobytes()
 
 
 def test_memory_is_released_with_the_variable(rng):
     gc.collect()
     base = _rss()
-    vs = [tf.Variable(_tables.aligned(tf.fill([ROWS * 2, DIM], 1.0))) for _ in range(4)]   # 4 x 64 MiB
-    assert all(_tables.address(v) % A == 0 for v in vs)
+    vs = [tf.Variable(tables.aligned(tf.fill([ROWS * 2, DIM], 1.0))) for _ in range(4)]   # 4 x 64 MiB
+    assert all(tables.address(v) % A == 0 for v in vs)
     created = _rss()
     assert created - base > 0.8 * 4 * (64 << 20)
     for v in vs:                               # assigning in place holds no second copy
-        before = _tables.address(v)
-        _tables.assign(v, tf.fill([ROWS * 2, DIM], 2.0))
-        assert _tables.address(v) == before
+        before = tables.address(v)
+        tables.assign(v, tf.fill([ROWS * 2, DIM], 2.0))
+        assert tables.address(v) == before
     assigned = _rss()
     assert assigned - created < 1.5 * (64 << 20)
     del vs, v
@@ -237,16 +237,16 @@ def test_aligned_tables_off_keeps_tensorflows_buffers():
     setting is read once per process, hence a child process)."""
     code = textwrap.dedent("""
         import numpy as np, tensorflow as tf
-        from embedlab import _tables, ops
+        from embedlab import tables, ops
         x = np.ones((1 << 20, 8), np.float32)
-        v = tf.Variable(_tables.aligned(x))
+        v = tf.Variable(tables.aligned(x))
         ids = tf.RaggedTensor.from_row_lengths(np.arange(6, dtype=np.int64), [1, 2, 3])
-        _tables.assign(v, x * 2)
+        tables.assign(v, x * 2)
         out = ops.fused_embedding_lookup([v], [ids], "sum")[0].numpy()
         assert out[2, 0] == 6.0
-        z = tf.Variable(_tables.zeros(x.shape))
+        z = tf.Variable(tables.zeros(x.shape))
         assert not z.numpy().any()
-        print(_tables.address(v) % _tables.ALIGNMENT != 0 and _tables.address(z) % _tables.ALIGNMENT != 0)
+        print(tables.address(v) % tables.ALIGNMENT != 0 and tables.address(z) % tables.ALIGNMENT != 0)
     """)
     env = dict(os.environ, EMBEDLAB_ALIGNED_TABLES="0", TF_CPP_MIN_LOG_LEVEL="3")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -262,12 +262,12 @@ def test_assign_to_a_mirrored_variable_writes_every_copy():
         import numpy as np, tensorflow as tf
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        from embedlab import _tables
+        from embedlab import tables
         strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
         with strategy.scope():
             v = tf.Variable(tf.zeros([1 << 20, 8]))
         x = np.random.default_rng(0).uniform(-1, 1, (1 << 20, 8)).astype(np.float32)
-        _tables.assign(v, x)
+        tables.assign(v, x)
         print([c.numpy().tobytes() == x.tobytes() for c in strategy.experimental_local_results(v)])
     """)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

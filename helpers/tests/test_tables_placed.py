@@ -1,5 +1,5 @@
 """The other large CPU tables EmbedLab creates for its lookups and optimizers start 2 MiB-aligned
-on huge pages (`embedlab._tables`) and stay there through training and checkpoints, with the
+on huge pages (`embedlab.tables`) and stay there through training and checkpoints, with the
 same values: the EmbedLab optimizers' state (Adam's moments, Adagrad's accumulators)."""
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from embedlab import _tables  # noqa: E402
+from embedlab import tables  # noqa: E402
 from embedlab import optimizers as eopt  # noqa: E402
 
-A = _tables.ALIGNMENT
+A = tables.ALIGNMENT
 ROWS, DIM = 1 << 20, 8      # 32 MiB: the smallest table (and state) placed
 
 
 def _placed(v) -> bool:
-    return _tables.address(v) % A == 0
+    return tables.address(v) % A == 0
 
 
 # The same training in this process and in one with EMBEDLAB_ALIGNED_TABLES=0: fused steps in a
@@ -30,7 +30,7 @@ def _placed(v) -> bool:
 # tables and their state.
 _TRAIN = textwrap.dedent("""
     import hashlib, numpy as np, tensorflow as tf
-    from embedlab import _tables, ops, optimizers as eopt
+    from embedlab import tables, ops, optimizers as eopt
     ROWS, DIM = 1 << 20, 8
 
     def train():
@@ -38,7 +38,7 @@ _TRAIN = textwrap.dedent("""
         ids = [tf.RaggedTensor.from_row_lengths(r.integers(0, ROWS, 300), [1, 2, 3] * 50) for _ in range(3)]
         out, placed = [], []
         for opt in (eopt.Adam(0.01), eopt.Adagrad(0.05)):
-            t = tf.Variable(_tables.aligned(r.uniform(-1, 1, (ROWS, DIM)).astype(np.float32)))
+            t = tf.Variable(tables.aligned(r.uniform(-1, 1, (ROWS, DIM)).astype(np.float32)))
             opt.build([t])
 
             @tf.function
@@ -54,7 +54,7 @@ _TRAIN = textwrap.dedent("""
             opt.apply_gradients(zip(tape.gradient(loss, [t]), [t]))
             slots = opt.slot_variables(t)
             out += [t] + slots
-            placed += [_tables.address(s) % _tables.ALIGNMENT == 0 for s in slots]
+            placed += [tables.address(s) % tables.ALIGNMENT == 0 for s in slots]
         h = hashlib.sha256()
         for v in out:
             h.update(v.numpy().tobytes())
@@ -83,7 +83,7 @@ def test_optimizer_state_keeps_its_initial_values():
     m, v = opt.slot_variables(small)
     assert m.shape == v.shape == (1000, 8) and not m.numpy().any() and not v.numpy().any()
     ada = eopt.Adagrad(0.1, initial_accumulator_value=0.25)
-    big = tf.Variable(_tables.aligned(tf.zeros([ROWS, DIM])))
+    big = tf.Variable(tables.aligned(tf.zeros([ROWS, DIM])))
     ada.build([big])
     (acc,) = ada.slot_variables(big)
     assert _placed(acc) and float(tf.reduce_min(acc)) == float(tf.reduce_max(acc)) == 0.25
@@ -92,7 +92,7 @@ def test_optimizer_state_keeps_its_initial_values():
 def test_optimizer_state_stays_placed_through_keras_save_and_load(tmp_path):
     def model():
         inp = keras.Input(shape=(), dtype="int64")
-        emb = keras.layers.Embedding(ROWS, DIM, embeddings_initializer=_tables.initializer(
+        emb = keras.layers.Embedding(ROWS, DIM, embeddings_initializer=tables.initializer(
             keras.initializers.RandomUniform(-0.05, 0.05, seed=3)))
         return keras.Model(inp, keras.ops.sum(emb(inp), axis=-1))
 

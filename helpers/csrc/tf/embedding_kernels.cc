@@ -14,7 +14,7 @@
 #include "adapter.h"
 #include "adapter_cpu.h"
 #include "embedding.h"
-#include "memory.h"
+#include "huge_pages.h"
 #include "tf_pool.h"
 
 namespace tensorflow {

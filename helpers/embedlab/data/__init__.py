@@ -1,27 +1,22 @@
 """Criteo data for EmbedLab: synthetic generation, ETL, file formats and a fast loader.
 
-- `criteo` (package: layout, synth, parse, etl, etl_dask): `generate` (Kaggle TSV layout),
-  `preprocess` (HugeCTR recipe, to parquet; on a Dask cluster with `client=`), `split`,
-  `read_chunks`. `embedlab.data.criteo_dask` is `criteo.etl_dask`.
+- `criteo` (package: layout, synth, parse, recipe, etl, etl_dask, norm_dask, cluster):
+  `generate` (Kaggle TSV layout), `preprocess` (HugeCTR recipe, to parquet; on a Dask cluster
+  with `client=`, `criteo.etl_dask`), `split`, `read_chunks`.
 - `formats` (package: parquet, norm, tfrecord): parquet, the HugeCTR "Norm" binary +
   `file_list.txt` + keysets, TFRecord; readers that check headers, lengths and checksums.
 - `ParquetLoader` (`loader`): shuffled, prefetched batches from parquet for `model.fit` / `tf.data`.
-- `memory`: the peak memory of a function, run in a fresh process.
+- `resident_set`: `peak_rss`, the peak resident set (RSS) of a function, run in a fresh process.
 
 `formats` and the loader import pyarrow (and TensorFlow, for tensors) only when used.
 """
 from __future__ import annotations
 
 import importlib
-import sys
 
 from . import criteo
 
 __all__ = ["criteo", "formats", "ParquetLoader"]
-
-# `embedlab.data.criteo_dask` (attribute and importable module path) is `criteo.etl_dask`.
-criteo_dask = criteo.etl_dask
-sys.modules[f"{__name__}.criteo_dask"] = criteo_dask
 
 
 def __getattr__(name):

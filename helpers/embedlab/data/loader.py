@@ -129,7 +129,7 @@ class ParquetLoader(_Base):
 
     Performance: batches are copied once into TensorFlow tensors; `model.fit(loader)` and
     `to_tf_dataset()` go through `tf.data.Dataset.from_generator`, which adds a copy and GIL
-    hand-offs (see helpers/benchmarks/RESULTS.md for measured rates).
+    hand-offs (the rates are on the documentation's benchmarks page).
 
     Example:
         >>> import tempfile

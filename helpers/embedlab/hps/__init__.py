@@ -9,7 +9,11 @@
   ``ps_config_file`` on first call in a fresh process (after ``import embedlab.hps``).
 * :func:`write_sparse_model` / :func:`read_sparse_model`: the ``key`` / ``emb_vector`` folder
   (the package's one implementation, :mod:`embedlab.sparse_model`).
-* :mod:`embedlab.hps.redis`: start/stop a local Redis (one node or a cluster) for the volatile tier.
+* :mod:`embedlab.hps.export`: a trained dense Keras model and its tables as the files the HPS and
+  Triton serve (sparse model, HPS JSON, SavedModels, ONNX).
+
+A local Redis for the volatile tier (one node or a cluster) is started by
+:mod:`embedlab.services.redis_server`.
 
 Importing this package does not import TensorFlow. When TensorFlow is already imported, the op
 library's lookup callback is registered at once (so ``tf.saved_model.load`` of a model with HPS
@@ -22,12 +26,13 @@ import sys
 
 from ..sparse_model import read_sparse_model, write_sparse_model
 from .config import HPSConfig, HPSConfigError, load_config
-from .server import HPSLookupError, ParameterServer
+from .server import HPSLookupError, HPSUnavailableError, ParameterServer
 from .tiers import TierError, TierUnavailable
 from ._registry import Init, get_server, init, servers, shutdown
 
 __all__ = ["Init", "init", "shutdown", "get_server", "servers", "ParameterServer", "HPSConfig", "HPSConfigError",
-           "HPSLookupError", "TierError", "TierUnavailable", "load_config", "LookupLayer", "SparseLookupLayer",
+           "HPSLookupError", "HPSUnavailableError", "TierError", "TierUnavailable", "load_config", "LookupLayer",
+           "SparseLookupLayer",
            "write_sparse_model", "read_sparse_model", "register_tf_callback"]
 
 
@@ -40,7 +45,7 @@ def __getattr__(name):
     if name in ("LookupLayer", "SparseLookupLayer"):
         from . import layers
         return getattr(layers, name)
-    if name in ("redis", "export", "demo", "layers", "tiers"):
+    if name in ("export", "layers", "tiers"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'embedlab.hps' has no attribute {name!r}")

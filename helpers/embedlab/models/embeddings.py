@@ -6,7 +6,7 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from .. import _tables, ops
+from .. import ops, tables as _tables
 
 __all__ = ["FusedEmbedding"]
 
@@ -27,7 +27,7 @@ class FusedEmbedding(keras.layers.Layer):
         seed: initial values uniform(-0.05, 0.05), table j seeded with seed + j.
 
     Tables of 32 MiB and more live in their own 2 MiB-aligned huge-page mappings on the CPU
-    (`embedlab._tables`), from creation and through training and Keras loading.
+    (`embedlab.tables`), from creation and through training and Keras loading.
 
     Input: a list (or tuple) with one ids tensor per table, each int64 `[batch]` (one key per
     row) or `[batch, n]` padded with -1; keys lie in [0, vocabulary_sizes[j]).

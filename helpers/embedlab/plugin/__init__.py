@@ -15,7 +15,12 @@ Input (any of):
 * a COO `tf.SparseTensor` with dense_shape `[batch * slot_num, max_nnz]` or
   `[batch, slot_num, max_nnz]` (converted to CSR by a compiled counting sort);
 * pre-built CSR, a tuple `(row_offsets, values)`: `row_offsets` int64 `[batch*slot_num + 1]`,
-  `values` int64 `[nnz]` (HugeCTR's `fprop_v3` input). This skips the COO -> CSR sort.
+  `values` int64 `[nnz]` (HugeCTR's `fprop_v3` input). This skips the COO -> CSR sort;
+* an `embedlab.SparseInput` of `batch * slot_num` rows (row b * slot_num + s is slot s of
+  sample b), without weights.
+
+Every form becomes one `embedlab.SparseInput`; a SparseTensor stays COO, and on one device the
+lookup hands it to the op that sorts and looks up in one pass.
 
 Output: float32 `[batch, slot_num, embedding_vec_size]`, each slot's keys pooled with
 `combiner` ("sum" or "mean"); an empty slot gives zeros.

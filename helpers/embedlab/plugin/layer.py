@@ -9,8 +9,9 @@ import numpy as np
 import tensorflow as tf
 
 from .. import ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
-from .. import _tables
+from .. import tables as _tables
 from .._hashing import splitmix64
+from ..sparse_input import SparseInput
 from . import checkpoint, placement
 from .placement import _canonical, current
 
@@ -89,7 +90,8 @@ class EmbeddingLayer(keras.layers.Layer):
         devices, seed: override `init`'s devices / seed for this layer.
         name: layer name (also names its variables and error messages).
 
-    Input: see `embedlab.plugin`'s docstring (dense, COO SparseTensor, or `(row_offsets, values)`).
+    Input: see `embedlab.plugin`'s docstring (dense, COO SparseTensor, `(row_offsets, values)`,
+    or an `embedlab.SparseInput` of batch * slot_num rows).
 
     Saving: the layer is Keras-serializable (`model.save("m.keras")` / `keras.saving.load_model`,
     `model.export(...)` for serving). The `.keras` file holds the table in key order, so it
@@ -112,6 +114,8 @@ class EmbeddingLayer(keras.layers.Layer):
                  initializer="random", slot_size_array=None, devices=None, seed=None, name=None,
                  **kwargs):
         super().__init__(name=name, **kwargs)
+        # Keras takes only tensors positionally unless told: the layer also takes a SparseInput.
+        self._allow_non_tensor_positional_args = True
         lname = f"EmbeddingLayer {self.name!r}"
         for arg, v in (("vocabulary_size", vocabulary_size), ("embedding_vec_size", embedding_vec_size),
                        ("slot_num", slot_num), ("max_nnz", max_nnz)):
@@ -204,9 +208,22 @@ class EmbeddingLayer(keras.layers.Layer):
             raise ValueError(f"{self._where(arg)}: keys must be int64 (or int32), got dtype {dt.name}")
         return tf.cast(values, tf.int64)
 
-    def _to_csr(self, inputs):
-        """(row_splits [B*S+1], keys [nnz], batch, graph-mode check ops) from any accepted input form."""
+    def _to_input(self, inputs):
+        """(SparseInput of B*S rows, batch, graph-mode check ops) from any accepted input form.
+
+        A SparseTensor stays COO: the one-device lookup hands it to the fused op that sorts and
+        looks up in one pass; dense and (row_offsets, values) input are CSR already."""
         S, M = self.slot_num, self.max_nnz
+        if isinstance(inputs, SparseInput):
+            # batch * slot_num rows: checked below as the COO or CSR form it holds.
+            if inputs.has_weights:
+                raise ValueError(f"{self._where('inputs')}: the layer pools without weights; got a SparseInput "
+                                 "with weights")
+            if inputs.is_coo:
+                indices, values, shape, _ = inputs.coo
+                inputs = tf.SparseTensor(indices, values, shape)
+            else:
+                inputs = (inputs.row_splits, inputs.keys)
         if isinstance(inputs, (tuple, list)) and not isinstance(inputs, tf.SparseTensor):
             if len(inputs) != 2:
                 raise ValueError(f"{self._where('inputs')}: CSR input must be (row_offsets, values), "
@@ -234,10 +251,10 @@ class EmbeddingLayer(keras.layers.Layer):
             if tf.executing_eagerly():
                 for cond, what, value in checks:
                     self._assert(cond, "row_offsets", what, value)
-                return offsets, keys, rows // S, []
+                return SparseInput.from_row_splits(offsets, keys), rows // S, []
             # One Assert for all (each graph Assert with data costs a conditional per step).
             ok = tf.reduce_all(tf.stack([c for c, _, _ in checks]))
-            return offsets, keys, rows // S, [tf.debugging.Assert(ok, [
+            return SparseInput.from_row_splits(offsets, keys), rows // S, [tf.debugging.Assert(ok, [
                 f"{self._where('row_offsets')}: must have length batch * slot_num + 1 (slot_num {S}), start at 0, "
                 f"end at len(values), be non-decreasing, with at most max_nnz={M} keys per row; got "
                 "length - 1, first, last, len(values), smallest and largest row:",
@@ -259,8 +276,8 @@ class EmbeddingLayer(keras.layers.Layer):
             else:
                 raise ValueError(f"{self._where('inputs')}: SparseTensor must have rank 2 "
                                  f"[batch*slot_num, max_nnz] or 3 [batch, slot_num, max_nnz], got rank {rank}")
-            splits, flat, _ = ops.to_csr(sp, where=f"EmbeddingLayer {self.name!r}")
-            return splits, flat, sp.dense_shape[0] // S, [check] if check is not None else []
+            x = SparseInput.from_sparse(sp, where=f"EmbeddingLayer {self.name!r}")
+            return x, sp.dense_shape[0] // S, [check] if check is not None else []
         if isinstance(inputs, tf.RaggedTensor):
             raise ValueError(f"{self._where('inputs')}: pass dense [batch, slot_num, max_nnz] keys, a SparseTensor "
                              "or (row_offsets, values); got a RaggedTensor")
@@ -277,7 +294,7 @@ class EmbeddingLayer(keras.layers.Layer):
         shp = tf.shape(keys, out_type=tf.int64)
         batch, m = shp[0], shp[2]
         splits = tf.range(batch * S + 1, dtype=tf.int64) * m
-        return splits, tf.reshape(keys, [-1]), batch, []
+        return SparseInput.from_row_splits(splits, tf.reshape(keys, [-1])), batch, []
 
     def _assert(self, cond, arg, what, value):
         """Raise ValueError (eager) or InvalidArgumentError (graph) naming layer, argument and value."""
@@ -289,28 +306,40 @@ class EmbeddingLayer(keras.layers.Layer):
             return None
         return tf.debugging.Assert(cond, [msg, value], summarize=8)
 
-    def _check_keys(self, splits, keys):
+    def _bad_keys(self, keys, slot):
+        """Mask of the keys outside [0, V) other than -1, or outside their slot's range."""
+        bad = tf.logical_or(keys < -1, keys >= self.vocabulary_size)
+        if self.slot_size_array is not None:
+            lo = tf.gather(tf.constant(self._slot_offsets), slot)
+            hi = lo + tf.gather(tf.constant(self.slot_size_array, tf.int64), slot)
+            bad = tf.logical_or(bad, tf.logical_and(keys >= 0, tf.logical_or(keys < lo, keys >= hi)))
+        return bad
+
+    def _check_keys(self, x):
         """Keys must be -1 or in [0, V) (and in their slot's range with slot_size_array).
 
-        Eager: raises ValueError naming the first bad key and its position. In a graph:
-        returns an Assert op (InvalidArgumentError when it fails) to run before the lookup.
+        Eager: raises ValueError naming the first bad key and its position (in the CSR order of
+        the flattened keys). In a graph: returns an Assert op (InvalidArgumentError when it
+        fails) to run before the lookup. COO input is checked as it is, unconverted.
         """
         V = self.vocabulary_size
         eager = tf.executing_eagerly()
         if not eager and self.slot_size_array is None:
             # Two reductions instead of a mask pass (this runs every step); one of the
             # extremes is the bad key, and the message names both.
+            keys = x.values
             lo, hi = tf.reduce_min(keys), tf.reduce_max(keys)  # empty: +max / -max, both pass
             return tf.debugging.Assert(
                 tf.logical_and(lo >= -1, hi < V),
                 [f"{self._where('inputs')}: keys must be -1 or in [0, vocabulary_size={V}); smallest key:", lo,
                  "largest key:", hi])
-        bad = tf.logical_or(keys < -1, keys >= V)
-        if self.slot_size_array is not None:
-            slot = self._slots_of(splits, keys)
-            lo = tf.gather(tf.constant(self._slot_offsets), slot)
-            hi = lo + tf.gather(tf.constant(self.slot_size_array, tf.int64), slot)
-            bad = tf.logical_or(bad, tf.logical_and(keys >= 0, tf.logical_or(keys < lo, keys >= hi)))
+        if x.is_coo:
+            indices, keys = x.coo[0], x.coo[1]
+            slot = indices[:, 0] % self.slot_num if self.slot_size_array is not None else None
+        else:
+            keys = x.keys
+            slot = self._slots_of(x.row_splits, keys) if self.slot_size_array is not None else None
+        bad = self._bad_keys(keys, slot)
         if not eager:
             first = tf.gather(keys, tf.reshape(tf.where(bad), [-1])[:1])
             return tf.debugging.Assert(
@@ -318,10 +347,12 @@ class EmbeddingLayer(keras.layers.Layer):
                 [f"{self._where('inputs')}: keys must be -1 or in [0, vocabulary_size={V}) and inside "
                  "their slot's slot_size_array range; first bad key:", first])
         if bool(tf.reduce_any(bad)):
-            i = int(tf.where(bad)[0, 0])
+            splits, keys = x.row_splits, x.keys        # the position is reported in CSR order
+            slot = self._slots_of(splits, keys) if self.slot_size_array is not None else None
+            i = int(tf.where(self._bad_keys(keys, slot))[0, 0])
             k = int(keys[i])
             if -1 <= k < V:
-                s = int(self._slots_of(splits, keys)[i])
+                s = int(slot[i])
                 lo_s = int(self._slot_offsets[s])
                 raise ValueError(f"{self._where('inputs')}: key {k} (value {i} of the flattened keys) is "
                                  f"outside slot {s}'s range [{lo_s}, {lo_s + self.slot_size_array[s]}) "
@@ -341,10 +372,10 @@ class EmbeddingLayer(keras.layers.Layer):
         slot = None if self.embedding_type == "distributed" else self._slots_of(splits, keys)
         return placement.local_rows(i, self.num_devices, keys, self.embedding_type, slot, self.slot_size_array)
 
-    def _lookup(self, splits, keys):
+    def _lookup(self, x):
         if self.num_devices == 1:
-            return ops.embedding_lookup(self._tables[0], tf.RaggedTensor.from_row_splits(keys, splits, validate=False),
-                                        self.combiner)
+            return ops.embedding_lookup(self._tables[0], x, self.combiner)
+        splits, keys = x.row_splits, x.keys
         gathered = []
         for i, dev in enumerate(self.devices):
             with tf.device(dev):
@@ -353,9 +384,15 @@ class EmbeddingLayer(keras.layers.Layer):
                 gathered.append(ops.embedding_lookup(self._tables[i], local[:, None], "sum"))
         rows = tf.add_n(gathered)
         pos = tf.where(keys >= 0, tf.range(tf.shape(keys, out_type=tf.int64)[0]), tf.constant(-1, tf.int64))
-        return ops.embedding_lookup(rows, tf.RaggedTensor.from_row_splits(pos, splits, validate=False), self.combiner)
+        return ops.embedding_lookup(rows, SparseInput.from_row_splits(splits, pos), self.combiner)
 
-    def _lookup_own_optimizer(self, splits, keys):
+    def _lookup_own_optimizer(self, x):
+        if self.num_devices == 1:
+            # One table: the backward and the update in one op (the ops' optimizer in backward),
+            # the same bits as the gradient + apply_sparse path below; the trigger's gradient
+            # runs it, since the tape does not watch the non-trainable table.
+            return ops.fused_embedding_lookup([self._tables[0]], [x], [self.combiner], optimizer=self.optimizer,
+                                              backward_trigger=self.bp_trigger)[0]
         tables = [t.value if isinstance(t, keras.Variable) else t for t in self._tables]
         layer = self
 
@@ -364,17 +401,10 @@ class EmbeddingLayer(keras.layers.Layer):
             with tf.GradientTape(watch_accessed_variables=False) as inner:
                 for t in tables:
                     inner.watch(t)
-                out = layer._lookup(splits, keys)
+                out = layer._lookup(x)
 
             def grad(dy, variables=None):
-                if layer.num_devices == 1:
-                    # One table: the backward and the update in one op (optimizer in backward),
-                    # the same bits as the gradient + apply_sparse path below.
-                    layer.optimizer.apply_lookup_gradients([dy], [splits], [keys], None, [layer.combiner],
-                                                           [layer._tables[0]])
-                    layer.optimizer.iterations.assign_add(1)
-                else:
-                    layer._apply_own(inner.gradient(out, tables, output_gradients=dy))
+                layer._apply_own(inner.gradient(out, tables, output_gradients=dy))
                 z = tf.zeros_like(trigger)
                 return (z, [None] * len(variables)) if variables else z
 
@@ -394,13 +424,13 @@ class EmbeddingLayer(keras.layers.Layer):
         opt.iterations.assign_add(1)
 
     def call(self, inputs):
-        splits, keys, batch, deps = self._to_csr(inputs)
-        check = self._check_keys(splits, keys)
+        x, batch, deps = self._to_input(inputs)
+        check = self._check_keys(x)
         deps = deps + ([check] if check is not None else [])
-        with tf.control_dependencies(deps):
-            keys = tf.identity(keys)
-        out = (self._lookup_own_optimizer(splits, keys) if self.optimizer is not None
-               else self._lookup(splits, keys))
+        if deps:   # the lookup reads keys that passed the checks
+            x = _after(x, deps)
+        out = (self._lookup_own_optimizer(x) if self.optimizer is not None
+               else self._lookup(x))
         return tf.reshape(out, tf.stack([batch, self.slot_num, self.embedding_vec_size]))
 
     def compute_output_shape(self, input_shape):
@@ -532,3 +562,13 @@ class EmbeddingLayer(keras.layers.Layer):
         self.set_table(np.asarray(store["table"]))
         if self.optimizer is not None and "bp_trigger" in store:
             self.bp_trigger.assign(np.asarray(store["bp_trigger"]))
+
+
+def _after(x: SparseInput, deps) -> SparseInput:
+    """x, with its keys read only after the ops `deps` ran (graph-mode checks)."""
+    with tf.control_dependencies(deps):
+        if x.is_coo:
+            indices, keys, shape, weights = x.coo
+            w = None if weights is None else tf.SparseTensor(indices, weights, shape)
+            return SparseInput.from_sparse(tf.SparseTensor(indices, tf.identity(keys), shape), w)
+        return SparseInput.from_row_splits(x.row_splits, tf.identity(x.keys), x.weights)

@@ -8,11 +8,20 @@ redis-server is started on 127.0.0.1 and stopped with the server. RocksDB holds 
 serves the export's own HPS JSON instead (in-process hash map, no Redis).
 
 Writes the model repository next to the export (`<export>/repository`), starts tritonserver on
-127.0.0.1 and prints how to query it. Ctrl-C (or SIGTERM) stops it by PID.
+127.0.0.1 and prints how to query it. Ctrl-C (or SIGTERM) stops it by PID and removes what it
+wrote under <export>/serve (the HPS JSON there holds the Redis password, mode 0600).
+
+tritonserver and a local redis-server die with this process, even when it is killed. A
+tritonserver that exits by itself (Triton's HTTP front end aborts on some malformed requests)
+is restarted on the same ports, the reason printed, and counted in the metrics
+(`embedlab_triton_restarts_total`); after 5 exits in 10 minutes it gives up. A tritonserver or
+redis-server that an earlier, killed EmbedLab process left running is reported at start-up
+with its PID and the command that stops it; one serving this repository stops the start.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -22,7 +31,7 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     from embedlab import config
-    from embedlab.hps.redis import RedisSettingError, hps_redis
+    from embedlab.services.redis_server import RedisSettingError, hps_redis
     from . import TritonServer, TritonServerError, load_manifest, write_model_repository, write_ps_config_variant
     default_export = config.DATA_DIR / "hps_triton"
     ap = argparse.ArgumentParser(prog="python -m embedlab.serving", description=__doc__,
@@ -39,12 +48,24 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics-port", type=int, default=8002)
     ap.add_argument("--max-batch-size", type=int, default=1024)
     args = ap.parse_args(argv)
+    repo_dir = (args.repository or args.export / "repository").resolve()
+    from embedlab.services import children
+    from embedlab.services.redis_server import ADDRESS_ENV
+    # A local redis-server's start reports the stale ones itself (hps_redis); with the user's
+    # Redis none is started, so they are reported here.
+    names = ("tritonserver", "redis-server") if os.environ.get(ADDRESS_ENV) else ("tritonserver",)
+    for st in children.stale_servers(names):
+        if st.name == "tritonserver" and f"--model-repository={repo_dir}" in st.cmdline:
+            print(f"error: {children.describe(st)}; it serves {repo_dir}, which this start would rewrite",
+                  file=sys.stderr)
+            return 2
+        print(f"warning: {children.describe(st)}", file=sys.stderr)
     try:
         manifest = load_manifest(args.export)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    redis, ps_config, tiers = None, None, "the export's HPS JSON (in-process tiers)"
+    redis, ps_config, tiers, serve_dir = None, None, "the export's HPS JSON (in-process tiers)", None
     if args.tiers == "redis":
         try:
             redis = hps_redis()
@@ -62,8 +83,8 @@ def main(argv=None) -> int:
             persistent_db={"type": "rocks_db", "path": str(rocksdb.resolve())})
         tiers = f"embedding cache -> Redis -> RocksDB ({ps_config})\n  Redis   {redis.describe()}"
     try:
-        repo = write_model_repository(manifest, args.repository or args.export / "repository",
-                                      max_batch_size=args.max_batch_size, ps_config_file=ps_config)
+        repo = write_model_repository(manifest, repo_dir, max_batch_size=args.max_batch_size,
+                                      ps_config_file=ps_config)
         server = TritonServer(repo, log_file=repo.parent / "triton.log", http_port=args.http_port,
                               grpc_port=args.grpc_port, metrics_port=args.metrics_port)
         stop = threading.Event()
@@ -86,11 +107,10 @@ def main(argv=None) -> int:
               f"print(predict(client_for('{server.http_url}'), np.zeros((2, {k}), np.int64)))\"\n"
               "Ctrl-C stops it.", flush=True)
         try:
-            while not stop.wait(0.5):
-                if not server.running():
-                    print(f"tritonserver exited (status {server.process.returncode}); log: {server.log_file}",
-                          file=sys.stderr)
-                    return 1
+            server.supervise(stop, report=lambda line: print(line, file=sys.stderr, flush=True))
+        except TritonServerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             pass
         finally:
@@ -100,6 +120,8 @@ def main(argv=None) -> int:
     finally:
         if redis is not None:
             redis.stop()      # a local redis-server started here; a user's Redis keeps running
+        if serve_dir is not None:
+            shutil.rmtree(serve_dir, ignore_errors=True)      # the JSON with the password, the RocksDB
 
 
 if __name__ == "__main__":

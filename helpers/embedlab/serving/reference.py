@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from .repository import ServingManifest, load_manifest
+from .repository import ServingManifest, load_manifest, verify_manifest_files
 
 __all__ = ["InProcessModel", "TFInferenceModel", "table_keys", "sample_keys", "labeled_samples"]
 
@@ -17,15 +17,20 @@ __all__ = ["InProcessModel", "TFInferenceModel", "table_keys", "sample_keys", "l
 class InProcessModel:
     """`embedlab.hps.ParameterServer` + an onnxruntime session over an exported model.
 
+    The manifest's recorded files are checked first (size and SHA-256): an interrupted or mixed
+    export raises `embedlab.hps.export.ManifestFileError` naming the file.
+
     Args:
         manifest: a `ServingManifest` or the path of `serving.json` / its folder.
         threads: onnxruntime intra-op threads (default: all cores).
 
     Example:
-        >>> from embedlab.tutorials import naive_dnn
-        >>> args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
-        ...                           vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
-        >>> _ = naive_dnn.export_for_serving("hps_triton", args, verbose=False)   # notebook 05's export, small
+        >>> import tensorflow as tf
+        >>> from embedlab.hps import export
+        >>> dense = tf.keras.Sequential([tf.keras.Input((3 * 16,)), tf.keras.layers.Dense(1)])
+        >>> vectors = np.random.default_rng(0).standard_normal((3000, 16)).astype(np.float32)
+        >>> _ = export.export_model("hps_triton", dense, np.arange(3000), vectors, model_name="tiny",
+        ...                         keys_per_sample=3, max_batch_size=256)   # a dense model + its table
         >>> model = InProcessModel("hps_triton")
         >>> model.lookup(np.array([[1, 1001, 2001]])).shape     # keys -> the HPS's vectors
         (1, 3, 16)
@@ -38,6 +43,7 @@ class InProcessModel:
         from embedlab.hps import ParameterServer
         self.manifest = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
         m = self.manifest
+        verify_manifest_files(m)      # a manifest loaded earlier: its files may have changed since
         self.ps = ParameterServer(m.ps_config_file)
         so = ort.SessionOptions()
         so.intra_op_num_threads = int(threads or os.cpu_count() or 1)
@@ -104,25 +110,45 @@ def sample_keys(manifest, batch: int, rng, keys: np.ndarray | None = None) -> np
     return rng.choice(pool, size=(batch, m.keys_per_sample)).astype(np.int64)
 
 
-def labeled_samples(manifest, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` samples of the training data's distribution: keys int64 [n, keys_per_sample] and
-    labels float32 [n, 1], drawn from the click model recorded in the manifest's ``data``
-    (:class:`embedlab.tutorials.naive_dnn.ClickModel`), for scoring the served model (AUC)."""
-    from embedlab.tutorials.naive_dnn import ClickModel
+def labeled_samples(manifest, n: int, rng, sampler) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` samples of the training data's distribution, for scoring the served model (AUC).
+
+    Args:
+        manifest: a `ServingManifest` or the path of `serving.json` / its folder; its ``data``
+            field describes the distribution the training data came from (the export recorded it).
+        n: the number of samples.
+        rng: a NumPy Generator.
+        sampler: callable ``(data, n, rng) -> (keys, labels)`` that draws from that distribution.
+
+    Returns:
+        keys int64 [n, keys_per_sample] and labels float32 [n, 1].
+
+    Raises:
+        ValueError: the manifest has no ``data``, or the sampler's keys do not fit the model.
+
+    Example:
+        >>> from embedlab.serving import load_manifest
+        >>> m = load_manifest("hps_triton")                      # doctest: +SKIP
+        >>> def coin(data, n, rng):                              # every key of the table, label a coin flip
+        ...     return rng.integers(0, 3000, (n, 3)), (rng.random((n, 1)) < 0.5).astype(np.float32)
+        >>> keys, labels = labeled_samples(m, 4, np.random.default_rng(0), coin)   # doctest: +SKIP
+    """
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
     spec = m.extra.get("data")
     if spec is None:
-        raise ValueError(f"{m.path} has no 'data' (the click model the training data came from): "
-                         "run notebook 05 again to export with it")
-    keys, labels, _ = ClickModel.from_spec(spec).sample(int(n), rng)
-    if keys.shape[1] != m.keys_per_sample:
-        raise ValueError(f"{m.path}: its click model draws {keys.shape[1]} keys per sample, the model takes "
-                         f"{m.keys_per_sample}")
+        raise ValueError(f"{m.path} has no 'data' (the distribution the training data came from): "
+                         "export it with one (notebook 05 does)")
+    keys, labels = sampler(spec, int(n), rng)
+    keys, labels = np.asarray(keys, np.int64), np.asarray(labels, np.float32)
+    if keys.ndim != 2 or keys.shape[1] != m.keys_per_sample:
+        raise ValueError(f"{m.path}: its sampler draws keys of shape {list(keys.shape)}, the model takes "
+                         f"{m.keys_per_sample} per sample")
     return keys, labels
 
 
 class TFInferenceModel:
-    """Notebook 05's TensorFlow inference SavedModel (`hps.LookupLayer` + the dense layers).
+    """The exported TensorFlow inference SavedModel (`hps.LookupLayer` + the dense model,
+    :func:`embedlab.hps.export.build_inference_model`).
 
     Its `serving_default` signature takes `keys` int64 [batch, slot_num] and returns `logits`
     (and `embeddings`); the HPS layer initialises itself from the `ps_config_file` saved in it.

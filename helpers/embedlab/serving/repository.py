@@ -1,6 +1,6 @@
 """Writes Triton model repositories: the HPS + ONNX ensemble, and an identity ensemble.
 
-The served model is the one notebook 05 exports (`embedlab.tutorials.naive_dnn.export_for_serving`):
+The served model is a folder that `embedlab.hps.export.export_model` writes (notebook 05 writes one):
 a folder with a `serving.json` manifest naming the HPS JSON, the sparse model, the ONNX dense
 model and the SavedModels. The repository follows HugeCTR's "HPS + Triton ensemble" sample:
 
@@ -23,7 +23,7 @@ import shutil
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-__all__ = ["ServingManifest", "load_manifest", "write_model_repository",
+__all__ = ["ServingManifest", "load_manifest", "verify_manifest_files", "write_model_repository",
            "write_identity_repository", "write_ps_config_variant", "ENSEMBLE", "IDENTITY_ENSEMBLE"]
 
 ENSEMBLE = "ensemble"
@@ -49,12 +49,35 @@ class ServingManifest:
     extra: dict = field(default_factory=dict, compare=False, repr=False)   # other fields of serving.json
 
 
+def verify_manifest_files(manifest: ServingManifest) -> None:
+    """Checks every file the manifest records (its ``files``: size and SHA-256, written by
+    :func:`embedlab.hps.export.write_manifest`): an export that was interrupted, mixed with
+    another or changed afterwards is refused. Files unchanged since this process hashed them are
+    not read again.
+
+    Raises:
+        embedlab.hps.export.ManifestFileError (a ValueError): naming the manifest and the file.
+
+    Example (+SKIP: it needs an export):
+        >>> verify_manifest_files(load_manifest("hps_triton"))    # doctest: +SKIP
+    """
+    from embedlab.hps.export import verify_files
+    verify_files(Path(manifest.path).parent, manifest.extra, where=manifest.path)
+
+
 def load_manifest(path) -> ServingManifest:
-    """Reads `serving.json` (or the folder holding it) and checks its fields and files.
+    """Reads `serving.json` (or the folder holding it) and checks its fields and files: every
+    file it records must have the recorded size and SHA-256 (:func:`verify_manifest_files`).
 
     Raises:
         FileNotFoundError: no manifest there (run notebook 05 first), or a file it names is missing.
-        ValueError: a field is missing or has the wrong type, naming the field.
+        ValueError: a field is missing or has the wrong type, naming the field;
+            `embedlab.hps.export.ManifestFileError` (a ValueError): a recorded file is missing or
+            differs from its record (an interrupted or mixed export), naming the file.
+
+    Example (+SKIP: it needs an export):
+        >>> load_manifest("hps_triton").model_name     # doctest: +SKIP
+        'naive_dnn'
     """
     path = Path(path)
     if path.is_dir():
@@ -62,7 +85,7 @@ def load_manifest(path) -> ServingManifest:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} does not exist: run notebook 05 (05_hps_training_export.ipynb) first; it trains the "
-            "model and exports it for serving with embedlab.tutorials.naive_dnn.export_for_serving")
+            "model and exports it for serving (embedlab.hps.export.export_model)")
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -88,6 +111,7 @@ def load_manifest(path) -> ServingManifest:
         p = Path(getattr(m, name))
         if not p.is_file():
             raise FileNotFoundError(f"{path}: {name} {p} does not exist (run notebook 05 again)")
+    verify_manifest_files(m)
     return m
 
 
@@ -189,16 +213,20 @@ def write_model_repository(manifest, repository, *, max_batch_size: int = 1024,
         A client that asks for DENSE_OUTPUT alone gets it alone.
 
     Example:
-        >>> from embedlab.tutorials import naive_dnn
-        >>> args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
-        ...                           vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
-        >>> _ = naive_dnn.export_for_serving("hps_triton", args, verbose=False)   # notebook 05's export, small
+        >>> import numpy as np
+        >>> import tensorflow as tf
+        >>> from embedlab.hps import export
+        >>> dense = tf.keras.Sequential([tf.keras.Input((3 * 16,)), tf.keras.layers.Dense(1)])
+        >>> vectors = np.random.default_rng(0).standard_normal((3000, 16)).astype(np.float32)
+        >>> _ = export.export_model("hps_triton", dense, np.arange(3000), vectors, model_name="tiny",
+        ...                         keys_per_sample=3, max_batch_size=256)   # a dense model + its table
         >>> repo = write_model_repository("hps_triton", "hps_triton/repository")
         >>> sorted(p.name for p in repo.iterdir())
         ['dense', 'ensemble', 'hps_embedding', 'serving.json']
     """
     from embedlab._io import atomic_dir
     m = manifest if isinstance(manifest, ServingManifest) else load_manifest(manifest)
+    verify_manifest_files(m)        # again for a manifest loaded earlier: its files may have changed since
     if ps_config_file is not None:
         ps = Path(ps_config_file).resolve()
         if not ps.is_file():
@@ -278,12 +306,15 @@ def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
     """Writes a copy of the exported HPS JSON with other tiers or model settings.
 
     The same tables (the same sparse files) served through, e.g., Redis and RocksDB (the Redis
-    is only named here; `embedlab.hps.redis.hps_redis()` gives a running one's address and password):
+    is only named here; `embedlab.services.hps_redis()` gives a running one's address and password):
 
-        >>> from embedlab.tutorials import naive_dnn
-        >>> args = naive_dnn.DemoArgs(global_batch_size=256, iter_num=3,
-        ...                           vocabulary_range_per_slot=[[0, 1000], [1000, 2000], [2000, 3000]])
-        >>> _ = naive_dnn.export_for_serving("hps_triton", args, verbose=False)   # notebook 05's export, small
+        >>> import numpy as np
+        >>> import tensorflow as tf
+        >>> from embedlab.hps import export
+        >>> dense = tf.keras.Sequential([tf.keras.Input((3 * 16,)), tf.keras.layers.Dense(1)])
+        >>> vectors = np.random.default_rng(0).standard_normal((3000, 16)).astype(np.float32)
+        >>> _ = export.export_model("hps_triton", dense, np.arange(3000), vectors, model_name="tiny",
+        ...                         keys_per_sample=3, max_batch_size=256)   # a dense model + its table
         >>> path = write_ps_config_variant("hps_triton", "hps_redis.json",
         ...     volatile_db={"type": "redis_cluster", "address": "127.0.0.1:6379", "password": "secret"},
         ...     persistent_db={"type": "rocks_db", "path": "rocksdb"}, gpucacheper=0.1)
@@ -293,7 +324,7 @@ def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
 
     Args:
         manifest: a `ServingManifest` or the path of `serving.json` / its folder.
-        path: the JSON file to write (atomically).
+        path: the JSON file to write (atomically; mode 0600 when a section holds a password).
         volatile_db, persistent_db: replace those sections when given.
         model_fields: fields set on the served model's entry (`gpucacheper`, ...).
     """
@@ -309,6 +340,12 @@ def write_ps_config_variant(manifest, path, *, volatile_db: dict | None = None,
         raise ValueError(f"{m.ps_config_file} has no model {m.model_name!r}")
     entries[0].update(model_fields)
     path = Path(path)
+    secret = any(isinstance(cfg.get(k), dict) and cfg[k].get("password") for k in ("volatile_db", "persistent_db"))
     with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+        # A JSON holding a password is readable by this user only, from its creation on.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600 if secret else 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(cfg, indent=2) + "\n")
+        if secret:
+            os.chmod(tmp, 0o600)
     return path.resolve()

@@ -4,7 +4,7 @@ model oversubscription trains through.
 
 A hash embedding (`DistributedSlotSparseEmbeddingHash`, `LocalizedSlotSparseEmbeddingHash`) maps
 any int64 key to a row of a working table of `max_vocabulary_size_per_gpu` rows: the shared
-concurrent `HashTable` (`embedlab._native.core().HashTable`) gives each new key the next free
+concurrent `HashTable` (`embedlab.core().HashTable`) gives each new key the next free
 row; a batch whose new keys would pass the capacity is refused (nothing inserted) with an error
 naming the key, its slot and the file list. A key's initial vector depends only on the seed,
 the embedding and the key (a counter-based hash, uniform in [-0.05, 0.05] as HugeCTR's), so
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from .. import _native, _tables
+from .. import _native, tables as _tables
 from .._hashing import GAMMA, mix64
 from .. import ops as el_ops
 from .. import optimizers as el_opt
@@ -50,7 +50,7 @@ class KeyError_(ValueError):
 def _hash_table(initial_capacity: int):
     core = _native.core()
     if not hasattr(core, "HashTable"):
-        raise RuntimeError("embedlab._native.core() has no HashTable: this build of embedlab predates the "
+        raise RuntimeError("embedlab.core() has no HashTable: this build of embedlab predates the "
                            "hash table; rebuild with `make setup`")
     return core.HashTable(max(1024, int(initial_capacity)))
 
@@ -192,7 +192,7 @@ class Embedding:
         self.vec, self.capacity = spec.vec, spec.capacity
         self.name = spec.name
         self.S = spec.input.slot_num
-        # 32 MiB and more on the CPU: a 2 MiB-aligned huge-page mapping of its own (`_tables`);
+        # 32 MiB and more on the CPU: a 2 MiB-aligned huge-page mapping of its own (`embedlab.tables`);
         # the lookups, the optimizers and the per-pass writes update it in place.
         self.table = tf.Variable(_tables.zeros([self.capacity, self.vec]), name=f"{spec.name}_table")
         o = spec.optimizer

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from .. import _native, _tables
+from .. import _native, tables as _tables
 from .spec import OptimizerSpec
 
 __all__ = ["TFOptimizer", "lr_at"]
@@ -58,8 +58,8 @@ class TFOptimizer:
         kernel per variable for Adam and SGD (`ResourceApplyAdam` / `ResourceApplyGradientDescent`,
         the same formulas as `rule`), `rule` as TensorFlow ops for MomentumSGD and Nesterov.
 
-        (Not XLA: an XLA-compiled update per variable measured no faster on the CPU and kept
-        about 100 MB of compiler state resident, which counts against oversubscription's memory.)
+        (Not XLA: an XLA-compiled update per variable is no faster on the CPU and keeps about
+        100 MB of compiler state resident, which counts against oversubscription's memory.)
         """
         for g, w, sl in zip(grads, variables, slots):
             if g is None:

@@ -36,7 +36,7 @@ import numpy as np
 
 from .. import _native
 from .._io import read_file_list
-from ..data.formats import FormatError, _read_header
+from ..data.formats import FormatError, read_header
 from .spec import DataSpec
 
 __all__ = ["DataReader", "Batch", "FormatError", "read_norm_block", "read_file_list"]
@@ -127,7 +127,7 @@ def read_norm_block(path, data: DataSpec, i64_key: bool) -> Block:
         FormatError naming the file, the record (0-based) and what is wrong.
     """
     raw = np.fromfile(path, dtype=np.uint8)
-    check, n, ld, dd, sn, pos = _read_header(path, raw)
+    check, n, ld, dd, sn, pos = read_header(path, raw)
     want_check = data.check == "Sum"
     if check != want_check:
         raise FormatError(f"{path}: the file {'has' if check else 'has no'} checksums but the Data "

@@ -6,10 +6,15 @@ EmbedLab's compiled kernels doing the routing and the lookups.
 
 The recommended API: `init`, `Variable`, `DynamicVariable`, `lookup_sparse`,
 `all2all_dense_embedding`, `OptimizerWrapper`, `SGD`, `filter_variables`, `export` / `assign`,
-`dump` / `load`, `tf_version`. SOK's Horovod calls: `embedlab.sok.horovod`.
-The first-generation API (SOK's getting-started guide): `Init`, `DistributedEmbedding`,
-`All2AllDenseEmbedding`, `split_embedding_variable_from_others`, `OptimizerScope`, `Saver`,
-`get_embedding`. Start N local workers with `python -m embedlab.sok.launch -n N script.py`.
+`dump` / `load`, `tf_version`. The first-generation API (SOK's getting-started guide): `Init`,
+`DistributedEmbedding`, `All2AllDenseEmbedding`, `split_embedding_variable_from_others`,
+`OptimizerScope`, `Saver`, `get_embedding`. Start N local workers with
+`python -m embedlab.sok.launch -n N script.py`.
+
+`embedlab.sok.compat` is the compatibility wing: the first-generation API (`compat.v1`), SOK v1's
+module paths (`compat.embeddings`, `.core`, `.optimizers`, `.saver`) and SOK's Horovod calls
+(`compat.horovod`). The paths code imported them by (`embedlab.sok.embeddings...`,
+`embedlab.sok.horovod`, ...) are registered by the wing when this package is imported.
 
 Names are loaded on first use: `import embedlab.sok` alone does not import TensorFlow, so the
 launcher (`embedlab.sok.launch`, which needs none) starts in a fraction of a second; the first
@@ -19,13 +24,18 @@ from __future__ import annotations
 
 import importlib as _importlib
 
+from . import compat as _compat
+
+_compat.install()                        # SOK v1's module paths -> the wing (imports nothing yet)
+
 # public name -> the submodule that defines it
 _NAMES = {
     "context": "_context", "init": "_context", "num_workers": "_context", "rank": "_context", "tf_version": "_context",
     "assign": "checkpoint", "dump": "checkpoint", "export": "checkpoint", "gather": "checkpoint", "load": "checkpoint",
     "DynamicVariable": "dynamic",
-    "All2AllDenseEmbedding": "legacy", "DistributedEmbedding": "legacy", "Init": "legacy", "OptimizerScope": "legacy",
-    "Saver": "legacy", "split_embedding_variable_from_others": "legacy", "get_embedding": "legacy",
+    "All2AllDenseEmbedding": "compat.v1", "DistributedEmbedding": "compat.v1", "Init": "compat.v1",
+    "OptimizerScope": "compat.v1", "Saver": "compat.v1", "split_embedding_variable_from_others": "compat.v1",
+    "get_embedding": "compat.v1",
     "all2all_dense_embedding": "lookup", "lookup_sparse": "lookup", "sparse_read_and_evict": "lookup",
     "incremental_model_dump": "lookup",
     "OptimizerWrapper": "optimizer", "SGD": "optimizer", "filter_variables": "optimizer",
@@ -39,6 +49,7 @@ __all__ = ["init", "context", "rank", "num_workers", "Variable", "DynamicVariabl
 
 
 # submodules reached as attributes, e.g. SOK's module paths `sok.embeddings.tf_distributed_embedding`
+# (old paths, imported through the wing's finder)
 _SUBMODULES = ("exchange", "embeddings", "core", "optimizers", "saver")
 
 

@@ -2,7 +2,7 @@
 
 Pipeline of one call (per group of tables with the same dim), on every worker:
 
-1. ids -> CSR (`embedlab.ops.to_csr`); `EmbedLabRouteCount` counts the keys each owner gets
+1. ids -> CSR (`embedlab.SparseInput`); `EmbedLabRouteCount` counts the keys each owner gets
    per table and finds the first bad key;
 2. `exchange.all_gather` of the counts (and the bad key): every worker now knows who sends
    whom how many keys, and every worker fails with the same message if any key was bad;
@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from .. import ops as _ops
 from .. import _native
+from ..sparse_input import SparseInput, as_csr
 from . import _context, exchange
 from .variable import is_sok_variable
 
@@ -98,28 +99,32 @@ def _bad_key_check(bad_all, names, where):
 
 
 def _as_csr_list(sp_ids, sp_weights, where):
-    n = len(sp_ids)
+    """CSR (row_splits, keys, weights or None) of every ids, weighted all or none."""
+    inputs = []
     for t, x in enumerate(sp_ids):
-        if not isinstance(x, (tf.SparseTensor, tf.RaggedTensor)):
-            raise ValueError(f"{where}: sp_ids[{t}] must be a tf.SparseTensor or tf.RaggedTensor, got {type(x).__name__}")
-    return _ops._many_to_csr(list(sp_ids), None if sp_weights is None else list(sp_weights), where)
+        if not isinstance(x, (tf.SparseTensor, tf.RaggedTensor, SparseInput)):
+            raise ValueError(f"{where}: sp_ids[{t}] must be a tf.SparseTensor, tf.RaggedTensor or "
+                             f"embedlab.SparseInput, got {type(x).__name__}")
+        inputs.append(SparseInput.from_any(x, None if sp_weights is None else sp_weights[t], where=where))
+    weighted = [x.has_weights for x in inputs]
+    if any(weighted) and not all(weighted):
+        raise ValueError(f"{where}: weights must be given for every table or for none; sp_ids "
+                         f"{[t for t, w in enumerate(weighted) if not w]} carry no weights")
+    return as_csr(inputs)
 
 
 def _local_lookup(shards, csr, combiners):
     """One worker: the fused lookup of the shards themselves (keys are the local rows, or
     looked up in the table's hash index)."""
     ids = []
-    for p, (s, k, _) in zip(shards, csr):
+    for p, (s, k, w) in zip(shards, csr):
         if _hashed(p):
             valid = tf.not_equal(k, -1)
             pos = tf.where(valid)
             rows = _rows_for(p, tf.boolean_mask(k, valid))
             k = tf.tensor_scatter_nd_update(tf.fill(tf.shape(k, out_type=tf.int64), tf.constant(-1, tf.int64)), pos, rows)
-        ids.append(tf.RaggedTensor.from_row_splits(k, s, validate=False))
-    ws = None
-    if csr[0][2] is not None:
-        ws = [tf.RaggedTensor.from_row_splits(w, s, validate=False) for s, _, w in csr]
-    return _ops.fused_embedding_lookup([_rows_of(p) for p in shards], ids, combiners, ws)
+        ids.append(SparseInput.from_row_splits(s, k, w))
+    return _ops.fused_embedding_lookup([_rows_of(p) for p in shards], ids, combiners)
 
 
 def _owner_lookup(params, recv, mine, n, P, dim):
@@ -138,7 +143,7 @@ def _owner_lookup(params, recv, mine, n, P, dim):
     return tf.dynamic_stitch(idx_t[:T] + [idx_t[T]], rows + [pad])
 
 
-def _group_lookup(params, csr, combiners, names, weighted):
+def _group_lookup(params, csr, combiners, names):
     ctx = _context.context()
     n, T = ctx.world_size, len(params)
     dim = int(params[0].shape[1])
@@ -156,9 +161,8 @@ def _group_lookup(params, csr, combiners, names, weighted):
     rows = _owner_lookup(params, recv, C[:, ctx.rank, :], n, P, dim)
     back = exchange.all_to_all(tf.reshape(rows, [n, P, dim]), base + 2, grad_key=base + 3)
     received = tf.reshape(back, [n * P, dim])
-    ids = [tf.RaggedTensor.from_row_splits(inverse[t], csr[t][0], validate=False) for t in range(T)]
-    ws = [tf.RaggedTensor.from_row_splits(csr[t][2], csr[t][0], validate=False) for t in range(T)] if weighted else None
-    return _ops.fused_embedding_lookup([received] * T, ids, combiners, ws)
+    ids = [SparseInput.from_row_splits(csr[t][0], inverse[t], csr[t][2]) for t in range(T)]
+    return _ops.fused_embedding_lookup([received] * T, ids, combiners)
 
 
 def _check_params(params, where):
@@ -176,8 +180,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, hotness=None,
 
     Args:
         params: a list of `sok.Variable` / `sok.DynamicVariable` (or one).
-        sp_ids: a list (same length) of `tf.SparseTensor [batch, max_hotness]` or
-            `tf.RaggedTensor [batch, None]` int64 keys (global row ids), this worker's batch.
+        sp_ids: a list (same length) of `tf.SparseTensor [batch, max_hotness]`,
+            `tf.RaggedTensor [batch, None]` or `embedlab.SparseInput` (which carries its own
+            weights) int64 keys (global row ids), this worker's batch.
         sp_weights: None, or per-key float32 weights shaped like each ids.
         combiners: "sum" / "mean" or a list, one per table (default "mean").
         hotness: accepted for SOK v4.0's signature `lookup_sparse(params, sp_ids, hotness,
@@ -189,9 +194,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, hotness=None,
         `IndexedSlices` (unique local rows, every worker's contributions summed).
 
     Raises:
-        ValueError for lists of different lengths, an unknown combiner, wrong types;
-        `tf.errors.InvalidArgumentError` on every worker when any worker has a key outside
-        a table's rows (naming the table, the key and the rank).
+        ValueError: lists of different lengths, an unknown combiner, wrong types.
+        tf.errors.InvalidArgumentError: on every worker, when any worker has a key outside a
+            table's rows (naming the table, the key and the rank).
 
     Every worker must call it with the same tables in the same order (it is a collective).
 
@@ -257,7 +262,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None, hotness=None,
                     gc = [(tf.identity(s), k, w) for s, k, w in gc]
                 res = _local_lookup(gp, gc, gcomb)
             else:
-                res = _group_lookup(gp, gc, gcomb, [names[t] for t in ts], sp_weights is not None)
+                res = _group_lookup(gp, gc, gcomb, [names[t] for t in ts])
             for t, r in zip(ts, res):
                 out[t] = r
     return out[0] if single else out

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import distribute_lib
 from tensorflow.python.ops import resource_variable_ops
 
-from .. import _tables
+from .. import tables as _tables
 from . import _context
 
 __all__ = ["OptimizerWrapper", "SGD", "filter_variables", "local_variable_scope"]

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
-from .. import _tables
+from .. import tables as _tables
 from ..plugin.placement import device_keys, distributed_owner
 from . import _context
 

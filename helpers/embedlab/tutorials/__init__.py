@@ -2,6 +2,7 @@
 and measurement helpers, kept out of the notebooks so that they read as the story.
 
 - `training`: notebook 01's timed training loop and optimizer-step timer.
+- `input_forms`: notebook 01's cost split of the key input forms (CSR, COO, dense) and its report.
 - `session_lab`: notebook 03's W&D data recipe, HugeCTR's training loop over (file list,
   keyset) pairs, memory probes, and the same Wide & Deep written by hand in Keras.
 - `sok_guide`: SOK's getting-started guide as a module (its `DemoModel`, a learnable toy task,

@@ -236,7 +236,7 @@ def tier_stacks(sparse_dir, stream, redis, workdir=None, gpucacheper: float = 0.
     slow moment of the machine (another process on the cores) falls on all stacks alike.
 
     Args:
-        redis: the Redis of the second stack (:func:`embedlab.hps.redis.hps_redis`: the user's,
+        redis: the Redis of the second stack (:func:`embedlab.services.redis_server.hps_redis`: the user's,
             named by ``EMBEDLAB_REDIS_ADDRESS``, or a local one). The demo's table
             (``hps_et.walk.t``) is deleted from it afterwards.
         use_native: False leaves out the compiled cache and hash map (builds without them).
@@ -276,7 +276,7 @@ def redis_outage(sparse_dir, stream, redis, workdir=None, gpucacheper: float = 0
     ``kill_at * len(stream)`` and started again, empty, before ``restart_at * len(stream)``.
 
     Args:
-        redis: a Redis started by this process (:func:`embedlab.hps.redis.redis_to_kill` gives
+        redis: a Redis started by this process (:func:`embedlab.services.redis_server.redis_to_kill` gives
             one): a server this process did not start is never killed (ValueError).
 
     ``retry_seconds=0``: every lookup tries Redis again while it is down (a refused connection
@@ -285,7 +285,7 @@ def redis_outage(sparse_dir, stream, redis, workdir=None, gpucacheper: float = 0
     """
     if getattr(redis, "external", True):
         raise ValueError(f"redis_outage kills its Redis, and {redis!r} was not started here; pass "
-                         "embedlab.hps.redis.redis_to_kill(redis), a local throw-away server")
+                         "embedlab.services.redis_server.redis_to_kill(redis), a local throw-away server")
     sm, key_to_row = _oracle(sparse_dir)
     work = Path(workdir or tempfile.mkdtemp(prefix="embedlab-hps-outage-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -347,3 +347,137 @@ def tier_split(run: StreamRun, first: int = 0, stop: int | None = None) -> dict:
     for t in TIERS:
         out[f"{t}_inserted"] = float(np.median(np.asarray(run.tier_inserted[t][sl])))
     return out
+
+
+def outage_report(outage: StreamRun, same_stack: StreamRun, rocks_alone: StreamRun) -> list:
+    """Notebook 05's reading of a :func:`redis_outage` run, as sentences chosen from its numbers.
+
+    Args:
+        outage: the run with phases "start", "Redis killed" and "Redis restarted, empty".
+        same_stack: the same tier stack in :func:`tier_stacks` (interleaved with the others).
+        rocks_alone: the "RocksDB only" stack of the same :func:`tier_stacks` call.
+
+    Returns:
+        a list of lines: the per-phase table, then the verdicts. A verdict between two sets of
+        lookups names a winner only when their interquartile ranges do not overlap
+        (:func:`embedlab.tutorials.verdicts.compare`).
+    """
+    from .verdicts import compare
+    spans = {label: (a, b) for label, a, b in outage.phases()}
+    for need in ("start", "Redis killed", "Redis restarted, empty"):
+        if need not in spans:
+            raise ValueError(f"outage_report: the run has no phase {need!r} (phases: {list(spans)})")
+    names = {"start": "Redis up"}
+    lines = [f"{'phase':24s}{'lookups':>8s}{'median ms':>10s}{'off-CPU ms':>11s}{'Redis ms':>9s}{'RocksDB ms':>11s}"
+             f"{'other ms':>9s}{'rows written to Redis':>22s}"]
+    ph = {}
+    for label, (a, b) in spans.items():
+        s = ph[label] = tier_split(outage, a, b)
+        w = outage.tier_inserted["volatile"][a:b]
+        lines.append(f"{names.get(label, label):24s}{b - a:>8d}{s['latency_ms']:>10.2f}{s['off_cpu_ms']:>11.2f}"
+                     f"{s['volatile_ms']:>9.2f}{s['persistent_ms']:>11.2f}{s['other_ms']:>9.2f}{w[0]:>13d} -> {w[-1]:<7d}")
+    up, down, back = ph["start"], ph["Redis killed"], ph["Redis restarted, empty"]
+    lat = {label: outage.latency_ms[a:b] for label, (a, b) in spans.items()}
+    lines.append(f"Redis down: each lookup tries Redis and is refused (median {down['volatile_ms']:.2f} ms in Redis's "
+                 f"find), and RocksDB answers the cache's misses ({down['persistent_ms']:.2f} ms); the median lookup "
+                 f"took {down['latency_ms']:.2f} ms.")
+    lines.append(compare("Redis down", lat["Redis killed"], "Redis up", lat["start"])[1] + ".")
+    a, b = spans["Redis restarted, empty"]
+    written = outage.tier_inserted["volatile"][a:b]
+    vs = outage.stats.get("tiers", {}).get("volatile", {})
+    reseed = (f" The server re-seeded Redis in the background: {vs.get('reseeded_rows', 0):,} rows in "
+              f"{vs.get('reseeds', 0)} re-seed(s) by the end of the run." if vs.get("reseeds") else "")
+    if max(written) == 0:
+        lines.append(f"Redis back, empty: no row the cache missed was written into Redis during this phase's {b - a} "
+                     f"lookups; RocksDB answered {back['persistent_keys']:.0f} keys of the median lookup.{reseed}")
+    else:
+        lines.append(f"Redis back, empty: the rows the cache misses are written into Redis ({written[0]} rows at the "
+                     f"phase's first lookup, {written[-1]} at its last"
+                     + (", fewer as Redis fills up with the hot rows" if written[-1] < written[0] else "") + f").{reseed}")
+    half = (b - a) // 2
+    if half:
+        first, last = tier_split(outage, a, a + half), tier_split(outage, a + half, b)
+        lines.append(f"Median lookup in that phase's first half {first['latency_ms']:.2f} ms ({first['off_cpu_ms']:.2f} "
+                     f"of them off the CPU), in its second half {last['latency_ms']:.2f} ms ({last['off_cpu_ms']:.2f}); "
+                     f"with Redis up, {up['latency_ms']:.2f} ms ({up['off_cpu_ms']:.2f}).")
+    # "Redis up" against the same stack one cell earlier, and against RocksDB alone
+    before = tier_split(same_stack)
+    kind, sentence = compare('"Redis up" in this run', lat["start"], "the same stack one cell earlier",
+                             same_stack.latency_ms)
+    lines.append(sentence + ".")
+    if kind != "noise":
+        kr = up["volatile_keys"] / max(1.0, before["volatile_keys"])
+        per_up = up["volatile_ms"] / max(1.0, up["volatile_keys"])
+        per_before = before["volatile_ms"] / max(1.0, before["volatile_keys"])
+        pr = per_up / max(1e-9, per_before)
+        lines.append(f"This phase is the stream's first {len(lat['start'])} lookups; its median lookup sends "
+                     f"{up['volatile_keys']:.0f} keys to Redis against {before['volatile_keys']:.0f} over the whole "
+                     f"stream one cell earlier ({kr:.2f}x), at {1e3 * per_up:.2f} us per key against "
+                     f"{1e3 * per_before:.2f} us ({pr:.2f}x).")
+        if kr > 1.1:
+            lines.append("More keys reach Redis: the cache is still filling in the stream's first half, and the "
+                         "earlier median covers the whole stream, its warm second half included.")
+        if abs(pr - 1) > 0.1:
+            lines.append("Each key costs Redis a different time: the two runs were not interleaved, so the machine's "
+                         "load moved between them (the earlier stacks also shared their rounds with each other).")
+    rock = tier_split(rocks_alone)
+    kind, sentence = compare('"Redis up" in this run', lat["start"], "RocksDB alone (the dashed line)",
+                             rocks_alone.latency_ms)
+    lines.append(sentence + ".")
+    us_redis = 1e3 * up["volatile_ms"] / max(1.0, up["volatile_keys"])
+    us_rocks = 1e3 * rock["persistent_ms"] / max(1.0, rock["persistent_keys"])
+    if kind == "slower" and us_redis > us_rocks:
+        lines.append(f"What the cache leaves costs more through Redis than from RocksDB here: {us_redis:.2f} us per key "
+                     f"through Redis (a round trip to another process) against {us_rocks:.2f} us per key from RocksDB "
+                     f"(in this process, its table in memory), and the cache takes "
+                     f"{1 - up['volatile_keys'] / max(1.0, up['cache_keys']):.0%} of the keys off Redis.")
+    return lines
+
+
+def stacks_report(stacks: list, table_mib: float) -> list:
+    """Notebook 05's reading of :func:`tier_stacks` (cache -> hash_map, cache -> Redis -> RocksDB,
+    RocksDB only), as sentences chosen from the numbers.
+
+    Args:
+        stacks: the three runs, in that order. table_mib: the table's size (MiB).
+
+    Returns:
+        a list of lines: what each tier answers and costs per key, the tiered stack against
+        RocksDB alone (a winner only outside the noise), and where each stack's slow lookups
+        spent their extra time.
+    """
+    from .verdicts import compare
+    if len(stacks) != 3:
+        raise ValueError(f"stacks_report: expected the 3 runs of tier_stacks, got {len(stacks)}")
+    hm, red, rock = (tier_split(r) for r in stacks)
+    us_redis = 1e3 * red["volatile_ms"] / max(1.0, red["volatile_keys"])
+    us_rocks = 1e3 * rock["persistent_ms"] / max(1.0, rock["persistent_keys"])
+    share = 1 - red["volatile_keys"] / max(1.0, red["cache_keys"])
+    lines = [f"The cache answers {share:.0%} of a lookup's {red['cache_keys']:.0f} distinct keys; Redis answers the other "
+             f"{red['volatile_keys']:.0f} in {red['volatile_ms']:.2f} ms ({us_redis:.2f} us per key). RocksDB alone answers "
+             f"all {rock['persistent_keys']:.0f} in {rock['persistent_ms']:.2f} ms ({us_rocks:.2f} us per key) (medians).",
+             f"Per key, Redis costs {us_redis / max(1e-9, us_rocks):.1f}x RocksDB here. RocksDB runs inside this process "
+             f"and its whole table ({table_mib:.1f} MiB) stays in memory, so its lookup is a memory read; a Redis lookup "
+             f"is a round trip to another process, and this process spent {red['off_cpu_ms']:.2f} ms of the median "
+             f"lookup off the CPU (RocksDB alone: {rock['off_cpu_ms']:.2f} ms).",
+             "Per lookup, " + compare(stacks[1].name, stacks[1].latency_ms, "RocksDB alone", stacks[2].latency_ms)[1]
+             + f". The in-process hash map behind the same cache takes {hm['latency_ms']:.2f} ms."]
+    for r in stacks:
+        sl = slow_lookups(r)
+        if sl["slow"] == 0:
+            lines.append(f"{r.name}: no lookup took more than twice the median ({sl['median_ms']:.2f} ms).")
+            continue
+        off = f"this process was off the CPU for {sl['off_cpu_share']:.0%} of their extra time"
+        if sl["off_cpu_share"] < 0.5:
+            where = f"this process was working (on the CPU) for {1 - sl['off_cpu_share']:.0%} of their extra time"
+        elif sl["preempted"]:
+            where = (f"{off}; the lookup's thread was preempted {sl['preempted']} times (ready to run while another "
+                     "process or thread had the core)" + (", and waited for redis-server's replies" if "Redis" in r.name
+                                                          else ""))
+        else:
+            where = f"{off}, never preempted: " + ("waiting for redis-server's replies" if "Redis" in r.name
+                                                  else "blocked (waiting for I/O or a lock)")
+        at = ", ".join(map(str, sl["batches"][:8])) + (", ..." if sl["slow"] > 8 else "")
+        lines.append(f"{r.name}: {sl['slow']} of {len(r.latency_ms)} lookups took more than twice the median "
+                     f"({sl['median_ms']:.2f} ms), at batches {at}; {where}.")
+    return lines

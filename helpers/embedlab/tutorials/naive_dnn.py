@@ -8,27 +8,31 @@ exported for the HPS and Triton (HugeCTR's "HPS + Triton ensemble, 01 model trai
    model has something to learn and its AUC says how much it learned (:func:`evaluate`);
 2. a native TF DNN (``tf.nn.embedding_lookup`` on one table, fc 256 / 128 / 1) trained with Adam
    (:func:`train_naive_dnn`);
-3. the export, with :mod:`embedlab.hps.export`'s steps: the dense part as SavedModels and ONNX,
-   the table as a sparse model, the HPS JSON, the inference model over ``hps.LookupLayer``.
+3. the export, with :mod:`embedlab.hps.export`'s steps given this model's layers, table and sizes
+   (:func:`dense_part`, :func:`save_dense_savedmodels`, :func:`write_embedding`, :func:`export_onnx`,
+   :func:`check_onnx`, :func:`serving_tiers`, :func:`write_hps_json`, :func:`build_inference_model`).
 
 :func:`export_for_serving` does all of it into ``DATA_DIR / "hps_triton"`` and writes the
-manifest ``serving.json`` (:func:`write_manifest`) that the serving notebook reads.
+manifest ``serving.json`` (:func:`write_manifest`) that the serving notebook reads;
+:func:`labeled_samples` draws labelled requests from the click model the manifest records.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .. import config as _config
-from .._io import atomic_file
-from ..hps.export import (MODEL_NAME, build_inference_model, check_onnx, compare_with_trained, dense_part,
-                          export_onnx, save_dense_savedmodels, serving_tiers, write_embedding, write_hps_json)
+from ..hps import export as _export
 
 __all__ = ["DemoArgs", "demo_args", "ClickModel", "generate_samples", "evaluate", "train_naive_dnn",
-           "write_manifest", "export_for_serving"]
+           "dense_part", "save_dense_savedmodels", "write_embedding", "export_onnx", "check_onnx",
+           "serving_tiers", "write_hps_json", "build_inference_model", "write_manifest", "export_for_serving",
+           "labeled_samples", "MODEL_NAME", "PS_CONFIG_NAME"]
+
+MODEL_NAME = "naive_dnn"
+PS_CONFIG_NAME = "hps_demo.json"
 
 
 @dataclass
@@ -204,41 +208,82 @@ def train_naive_dnn(args: DemoArgs, log_every: int = 1):
     return model, losses, (keys, labels)
 
 
+def _width(args: DemoArgs) -> int:
+    return args.slot_num * args.embed_vec_size
+
+
+def _sizes(args: DemoArgs, model_name: str = MODEL_NAME, max_batch_size: int | None = None) -> dict:
+    """The demo's one table as :mod:`embedlab.hps.export` takes it."""
+    return dict(model_name=model_name, emb_vec_sizes=[args.embed_vec_size], keys_per_sample=[args.slot_num],
+                max_batch_size=int(max_batch_size or args.global_batch_size))
+
+
+def dense_part(model, args: DemoArgs):
+    """The trained fc layers as their own Keras model: ``[batch, slot_num * dim]`` -> ``[batch, 1]``."""
+    return _export.dense_model([model.fc_1, model.fc_2, model.fc_3], _width(args))
+
+
+def save_dense_savedmodels(dense, args: DemoArgs, dense_path, reshape_path) -> None:
+    """:func:`embedlab.hps.export.save_dense_savedmodels` for the demo's sizes."""
+    _export.save_dense_savedmodels(dense, _width(args), dense_path, reshape_path)
+
+
+def export_onnx(dense, args: DemoArgs, path, opset: int = 13) -> dict:
+    """:func:`embedlab.hps.export.export_onnx` for the demo's sizes; returns input/output names."""
+    return _export.export_onnx(dense, _width(args), path, opset)
+
+
+def check_onnx(path, dense, args: DemoArgs, table, batch: int = 257, seed: int = 1) -> float:
+    """:func:`embedlab.hps.export.check_onnx` on what the served dense model receives: the rows of
+    ``table`` (the trained embedding, ``[vocabulary, dim]``) for the keys of ``batch`` samples drawn
+    uniformly from every slot's range, concatenated per sample. Returns the max abs difference."""
+    rng = np.random.default_rng(seed)
+    keys = np.stack([rng.integers(lo, hi, batch) for lo, hi in args.vocabulary_range_per_slot], axis=1)
+    return _export.check_onnx(path, dense, np.asarray(table, np.float32)[keys].reshape(batch, -1))
+
+
+def write_embedding(model, path) -> Path:
+    """The trained table as ``key`` (0..V-1) / ``emb_vector``."""
+    table = model.params.numpy()
+    return _export.write_embedding(path, np.arange(table.shape[0], dtype=np.int64), table)
+
+
+def write_hps_json(path, sparse_dir, args: DemoArgs, *, model_name: str = MODEL_NAME,
+                   max_batch_size: int | None = None, **kw) -> Path:
+    """:func:`embedlab.hps.export.write_hps_json` for the demo's table (``kw``: tiers, cache)."""
+    return _export.write_hps_json(path, sparse_files=[sparse_dir], **_sizes(args, model_name, max_batch_size), **kw)
+
+
+def serving_tiers(out_dir, sparse_dir, args: DemoArgs, native_tiers: bool | None = None) -> dict:
+    """:func:`embedlab.hps.export.serving_tiers` for the demo's table: keyword arguments for
+    :func:`write_hps_json`."""
+    return _export.serving_tiers(out_dir, sparse_files=[sparse_dir], native_tiers=native_tiers, **_sizes(args))
+
+
+def build_inference_model(ps_config_file, dense, args: DemoArgs, path=None, model_name: str = MODEL_NAME):
+    """:func:`embedlab.hps.export.build_inference_model` for the demo's table."""
+    return _export.build_inference_model(ps_config_file, dense, model_name=model_name,
+                                         emb_vec_size=args.embed_vec_size, keys_per_sample=args.slot_num,
+                                         global_batch_size=args.global_batch_size, path=path)
+
+
 def write_manifest(out_dir, args: DemoArgs, onnx_names: dict, checks: dict, tiers: dict) -> dict:
-    """Writes ``serving.json`` (absolute paths of the files :func:`export_for_serving` lays out,
-    and ``data``: the :class:`ClickModel` spec the training data came from)."""
-    out = Path(out_dir).resolve()
-    manifest = {
-        "model_name": MODEL_NAME,
-        "ps_config_file": str(out / "hps_demo.json"),
-        "table_id": 0,
-        "emb_vec_size": args.embed_vec_size,
-        "slot_num": args.slot_num,
-        "keys_per_sample": args.slot_num,
-        "onnx_file": str(out / "dense.onnx"),
-        "onnx_input": onnx_names["input"],
-        "onnx_output": onnx_names["output"],
-        "dense_savedmodel": str(out / "naive_dnn_dense.model"),
-        "inference_savedmodel": str(out / "naive_dnn_inference.model"),
-        "reshape_dense_savedmodel": str(out / "naive_dnn_reshape_dense.model"),
-        "sparse_model": str(out / "naive_dnn_sparse.model"),
-        "vocabulary_range_per_slot": args.vocabulary_range_per_slot,
-        "data": ClickModel.from_args(args).spec(),
-        "tiers": {"gpucache": tiers["gpucache"], "volatile_db": tiers["volatile_db"]["type"],
-                  "persistent_db": tiers["persistent_db"]["type"]},
-        "checks": checks,
-    }
-    for k in ("ps_config_file", "onnx_file", "dense_savedmodel", "inference_savedmodel", "sparse_model"):
-        if not Path(manifest[k]).exists():
-            raise FileNotFoundError(f"write_manifest: {k} {manifest[k]} does not exist; export it first")
-    with atomic_file(out / "serving.json") as tmp:
-        Path(tmp).write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+    """Writes ``serving.json`` (:func:`embedlab.hps.export.write_manifest`: absolute paths of the
+    files :func:`export_for_serving` lays out), plus ``vocabulary_range_per_slot`` and ``data``:
+    the :class:`ClickModel` spec the training data came from."""
+    return _export.write_manifest(out_dir, model_name=MODEL_NAME, emb_vec_size=args.embed_vec_size,
+                                  keys_per_sample=args.slot_num, onnx_names=onnx_names, checks=checks,
+                                  tiers=tiers, ps_config_name=PS_CONFIG_NAME, extra=_manifest_extra(args))
+
+
+def _manifest_extra(args: DemoArgs) -> dict:
+    return {"vocabulary_range_per_slot": args.vocabulary_range_per_slot, "data": ClickModel.from_args(args).spec()}
 
 
 def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tiers: bool | None = None,
                        trained=None, verbose: bool = True) -> dict:
-    """Trains (unless ``trained=(model, losses)`` is given) and writes everything serving needs.
+    """Trains (unless ``trained=(model, losses)`` is given) and writes everything serving needs,
+    with :func:`embedlab.hps.export.export_model`.
 
     Writes into ``out_dir`` (default ``embedlab.config.DATA_DIR / "hps_triton"``):
 
@@ -260,8 +305,6 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
     Returns:
         The manifest dict.
     """
-    tf = _tf()
-    from ..hps._registry import shutdown
     out = Path(out_dir or (_config.DATA_DIR / "hps_triton")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args = args or demo_args()
@@ -269,28 +312,28 @@ def export_for_serving(out_dir=None, args: DemoArgs | None = None, *, native_tie
         model, losses, _ = train_naive_dnn(args, log_every=0 if not verbose else max(1, args.iter_num // 5))
     else:
         model, losses = trained
-    sparse = out / "naive_dnn_sparse.model"
-    write_embedding(model, sparse)
-    dense = dense_part(model, args)
-    dense_sm, reshape_sm = out / "naive_dnn_dense.model", out / "naive_dnn_reshape_dense.model"
-    save_dense_savedmodels(dense, args, dense_sm, reshape_sm)
-    onnx_file = out / "dense.onnx"
-    names = export_onnx(dense, args, onnx_file)
-    onnx_diff = check_onnx(onnx_file, dense, args, model.params.numpy())
-    hps_json = out / "hps_demo.json"
-    tiers = serving_tiers(out, sparse, args, native_tiers)
-    write_hps_json(hps_json, sparse, args, **tiers)
-    shutdown(str(hps_json))
-    infer_sm = out / "naive_dnn_inference.model"
-    infer = build_inference_model(str(hps_json), dense, args, path=infer_sm)
+    table = model.params.numpy()
     keys, _ = generate_samples(512, args, np.random.default_rng(args.seed + 7))
-    checks = compare_with_trained(model, infer, keys)
-    checks.update(evaluate(model, args))
-    shutdown(str(hps_json))   # release the server (and its RocksDB) for the serving processes
-    checks["onnx_max_abs_diff"] = onnx_diff
+    checks = evaluate(model, args)
     checks["final_loss"] = float(losses[-1]) if losses else None
-    manifest = write_manifest(out, args, names, checks, tiers)
+    manifest = _export.export_model(
+        out, dense_part(model, args), np.arange(table.shape[0], dtype=np.int64), table, model_name=MODEL_NAME,
+        keys_per_sample=args.slot_num, max_batch_size=args.global_batch_size, ps_config_name=PS_CONFIG_NAME,
+        native_tiers=native_tiers, check_keys=keys, trained=model, checks=checks, extra=_manifest_extra(args))
     if verbose:
-        print(f"wrote {out / 'serving.json'}: onnx max|diff| {onnx_diff:.2e}, logits MSE {checks['logits_mse']:.2e}, "
-              f"held-out AUC {checks['auc']:.3f} (ceiling {checks['auc_ceiling']:.3f})")
+        c = manifest["checks"]
+        print(f"wrote {out / 'serving.json'}: onnx max|diff| {c['onnx_max_abs_diff']:.2e}, logits MSE "
+              f"{c['logits_mse']:.2e}, held-out AUC {c['auc']:.3f} (ceiling {c['auc_ceiling']:.3f})")
     return manifest
+
+
+def labeled_samples(manifest, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` samples of the training data's distribution: keys int64 [n, keys_per_sample] and
+    labels float32 [n, 1], drawn from the :class:`ClickModel` recorded in the manifest's ``data``,
+    for scoring the served model (AUC): :func:`embedlab.serving.reference.labeled_samples` with it."""
+    from ..serving.reference import labeled_samples as _labeled
+
+    def sample(spec, count, gen):
+        keys, labels, _ = ClickModel.from_spec(spec).sample(count, gen)
+        return keys, labels
+    return _labeled(manifest, n, rng, sample)

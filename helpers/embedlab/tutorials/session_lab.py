@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["rss_mb", "peak_rss_mb", "memory_mb", "prepare_wdl_data", "WDL_SLOTS", "WDL_TABLES", "set_capacity",
-           "train_passes", "keras_wdl", "keras_wdl_dataset", "time_keras_fit", "time_session_train"]
+           "train_passes", "format_metrics", "keras_wdl", "keras_wdl_dataset", "time_keras_fit", "time_session_train",
+           "time_keras_and_session"]
 
 # criteo2hugectr's W&D layout: the wide slot (the two crosses, 2 keys) first, then C1..C26.
 WDL_SLOTS = [["C1_C2", "C3_C4"]] + [f"C{i}" for i in range(1, 27)]
@@ -186,24 +187,48 @@ def set_capacity(json_path, capacity, out_path=None, hidden: int | None = None) 
     return str(out)
 
 
-def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, history: list | None = None) -> int:
+def format_metrics(metrics, digits: int = 4) -> str:
+    """HugeCTR's evaluation metrics `[("AUC", 0.4591060...)]` as 'AUC 0.4591'.
+
+    Args:
+        metrics: (name, value) pairs, as `Session.evaluation()` returns them.
+        digits: decimals shown (an AUC from a few evaluation batches is not known better).
+
+    Example:
+        >>> format_metrics([("AUC", 0.45910608612814496)])
+        'AUC 0.4591'
+    """
+    return ", ".join(f"{name} {float(value):.{digits}f}" for name, value in metrics)
+
+
+def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, history: list | None = None,
+                 log: str = "eval") -> int:
     """HugeCTR's training loop (`wdl_from_scratch.py`, `wdl_from_stored.py`) on a Session built
     with model oversubscription: for each (file list, keyset file) of `dataset`, point the
     training reader at the list, `update` the model oversubscriber with the keyset, and `train()`
-    until the list is exhausted, evaluating on `eval_list` every `eval_every` iterations and
-    printing HugeCTR's log lines. Iterations are counted from `start`.
+    until the list is exhausted, evaluating on `eval_list` every `eval_every` iterations.
+    Iterations are counted from `start`.
 
     Args:
         history: if given, one dict per evaluation is appended: iteration, loss (the training
             loss of that iteration), auc, store_keys (keys in the host stores of all
             embeddings), and `memory_mb` of the process with `mapped` taken under the Session's
             host-store folder.
+        log: "eval" prints HugeCTR's log lines (one per evaluation, metrics to 4 decimals, and
+            one per file list); "pass" prints one line per file list, with its iterations and
+            the evaluations made during it; None prints nothing.
 
     Returns:
         int: the iteration count after the last list (pass it to `download_params_to_files`).
+
+    Example (a Session built as in notebook 03):
+        >>> it = train_passes(sess, list(zip(lists, keysets)), eval_list, eval_every=10, log="pass")  # doctest: +SKIP
+        [EMBEDLAB][INFO] file_list.0.txt: iterations 0-11, evaluated at 0 (AUC 0.4591), 10 (AUC 0.5873)
     """
     if isinstance(eval_every, bool) or not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
         raise ValueError(f"train_passes: eval_every must be an integer >= 1, got {eval_every!r}")
+    if log not in ("eval", "pass", None):
+        raise ValueError(f"train_passes: log must be 'eval', 'pass' or None, got {log!r}")
     store_dir = sess.temp_embedding_dir or None
     data_reader_train = sess.get_data_reader_train()
     data_reader_eval = sess.get_data_reader_eval()
@@ -213,6 +238,7 @@ def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, h
     for file_list, keyset_file in dataset:
         data_reader_train.set_file_list_source(file_list)
         model_oversubscriber.update(keyset_file)
+        first, evals = iteration, []
         while sess.train():
             if iteration % eval_every == 0:
                 metrics = sess.evaluation()
@@ -220,9 +246,16 @@ def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, h
                     history.append({"iteration": iteration, "loss": sess.get_current_loss(), "auc": metrics[0][1],
                                     "store_keys": sum(len(e.store) for e in sess.embeddings if e.store is not None),
                                     **memory_mb(store_dir)})
-                print("[EMBEDLAB][INFO] iter: {}, metrics: {}".format(iteration, metrics))
+                evals.append(f"{iteration} ({format_metrics(metrics)})")
+                if log == "eval":
+                    print("[EMBEDLAB][INFO] iter: {}, metrics: {}".format(iteration, format_metrics(metrics)))
             iteration += 1
-        print("[EMBEDLAB][INFO] trained with data in {}".format(Path(file_list).name))
+        if log == "eval":
+            print("[EMBEDLAB][INFO] trained with data in {}".format(Path(file_list).name))
+        elif log == "pass":
+            print("[EMBEDLAB][INFO] {}: iterations {}-{}{}".format(
+                Path(file_list).name, first, iteration - 1,
+                ", evaluated at " + ", ".join(evals) if evals else ", no evaluation"))
     return iteration
 
 
@@ -303,3 +336,37 @@ def time_session_train(sess, lists, keysets=None):
             n += sess.last_batch_size
     sess.get_current_loss()
     return n / (time.perf_counter() - t), it
+
+
+def time_keras_and_session(model, ds, sess, lists, rounds: int = 3) -> dict:
+    """Samples/s of one epoch of the Keras model and of the Session, in turn, `rounds` times.
+
+    Each round times one `model.fit` epoch over `ds`, then one Session pass over `lists`, so a
+    slow phase of a shared machine hits both alike; the first round is preceded by a short
+    warm-up fit that traces Keras' step (the Session's first iteration of each pass is its
+    warm-up, see `time_session_train`). Both models go on training from round to round.
+
+    Args:
+        model: a compiled Keras model. ds: its `tf.data` dataset (known length).
+        sess: a Session. lists: its training file lists.
+        rounds: timed rounds (>= 1).
+
+    Returns:
+        {"keras": float array, "session": float array} of samples/s per round, paired by round
+        (compare them with `embedlab.timing.compare(..., higher_is_better=True)`).
+
+    Example:
+        >>> sps = time_keras_and_session(model, ds, sess, lists, rounds=3)   # doctest: +SKIP
+        >>> compare(sps["session"], sps["keras"], "Session", "Keras", higher_is_better=True).sentence()  # doctest: +SKIP
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise ValueError(f"time_keras_and_session: rounds must be an integer >= 1, got {rounds!r}")
+    model.fit(ds.take(2), epochs=1, verbose=0, shuffle=False)          # traces the train step
+    n = sum(int(y.shape[0]) for _, y in ds)
+    out = {"keras": [], "session": []}
+    for _ in range(rounds):
+        t = time.perf_counter()
+        model.fit(ds, epochs=1, verbose=0, shuffle=False)
+        out["keras"].append(n / (time.perf_counter() - t))
+        out["session"].append(time_session_train(sess, lists)[0])
+    return {k: np.asarray(v) for k, v in out.items()}

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 SLOTS, DENSE = 26, 13
+PROBE_FLOATS = 1 << 18      # the large link probe: 1 MiB per peer
 
 
 def load_criteo(path, max_rows=None):
@@ -100,7 +101,7 @@ def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump
     """
     from .._tfstart import import_tensorflow
     tf = import_tensorflow()
-    from ..sok import dump, gather, init, lookup_sparse
+    from ..sok import dump, exchange, gather, init, lookup_sparse
     from .. import ops
 
     ctx = init()
@@ -174,7 +175,8 @@ def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump
         input_times.append(t1 - t0)
     skip = 2 if steps > 4 else 0       # the first steps trace and warm up
     res = {"workers": n, "global_batch": global_batch, "steps": steps, "splits": splits, "losses": losses,
-           "step_ms": 1e3 * float(np.median(times[skip:])), "input_ms": 1e3 * float(np.median(input_times[skip:]))}
+           "step_ms": 1e3 * float(np.median(times[skip:])), "input_ms": 1e3 * float(np.median(input_times[skip:])),
+           "step_samples_ms": [1e3 * t for t in times[skip:]]}
     # the whole first table and its Adagrad state after training (collectives), for comparisons
     table0 = gather(tables[0])[1]
     slots0 = {name: gather(tables[0], var)[1] for name, var in sorted(emb_opt.slots(tables[0]).items())}
@@ -183,8 +185,9 @@ def train(data, steps, global_batch, vocab=10_000, dim=8, seed=0, out=None, dump
     if profile:
         parts = dict(lookup_sparse=lookup_sparse, fused_lookup=ops.fused_embedding_lookup, svars=sparse_vars,
                      tables=tables, linear=linear, dvars=dvars, head_loss=head_loss, emb_opt=emb_opt,
-                     dense_opt=dense_opt, strategy=strategy, step=step, n=n)
-        res["breakdown_ms"] = _breakdown(tf, [batch(i) for i in range(16)], **parts)
+                     dense_opt=dense_opt, strategy=strategy, step=step, n=n, exchange=exchange)
+        res["breakdown_ms"], res["breakdown_samples_ms"] = _breakdown(tf, [batch(i) for i in range(16)], **parts)
+        res["probe_bytes"] = {"small": 4, "big": 4 * PROBE_FLOATS}
     if rank == 0 and out:
         Path(out).write_text(json.dumps(res))
     if rank == 0 and table_out:
@@ -216,7 +219,7 @@ def assert_same_training(a, b, names=("1 worker", "2 workers")):
 
 
 def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linear, dvars, head_loss, emb_opt,
-               dense_opt, strategy, step, n):
+               dense_opt, strategy, step, n, exchange):
     """Times the parts of a step on their own and the whole step the same way (ms, medians over
     `batches` after a warm-up on the first; every part and the step run once per batch, in turn):
 
@@ -230,7 +233,10 @@ def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linea
     dense update      the all-reduce of the dense gradients and Keras Adam;
     step overhead     a step that only returns its loss: the tf.function call, `strategy.run`
                       and the loss's all-reduce;
-    step              the whole training step.
+    step              the whole training step;
+    probe small/big   all-to-alls of 1 and of PROBE_FLOATS float32 per peer (the link alone).
+
+    Returns (medians {part: ms}, every timing {name: [ms per batch]}).
     """
     def sparse_grads(lookup):
         with tf.GradientTape() as tape:
@@ -274,6 +280,12 @@ def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linea
         per = strategy.run(lambda: tf.reduce_sum(y))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per, axis=None)
 
+    # Two all-to-alls of 1 float and of PROBE_FLOATS floats per peer: the link's fixed cost per
+    # call and its cost per byte, for notebook 04's cost model (`embedlab.tutorials.sok_cost`).
+    small, big = tf.zeros([n, 1]), tf.zeros([n, PROBE_FLOATS])
+    probe_small = tf.function(lambda: exchange.all_to_all(small))
+    probe_big = tf.function(lambda: exchange.all_to_all(big))
+
     # inputs of every part, computed before any timing
     inputs = []
     for keys, x_dense, y in batches:
@@ -304,6 +316,8 @@ def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linea
         "dense update": (dense_update, lambda a: (a["dgrads"],)),
         "step overhead": (overhead, lambda a: (a["y"],)),
         "step": (step, lambda a: (a["keys"], a["x"], a["y"])),
+        "probe small": (probe_small, lambda a: ()),
+        "probe big": (probe_big, lambda a: ()),
     }
     for fn, args in timed.values():     # traces and warms up
         once(fn, args(inputs[0]))
@@ -312,10 +326,13 @@ def _breakdown(tf, batches, *, lookup_sparse, fused_lookup, svars, tables, linea
     for a in inputs[1:]:
         for name, (fn, args) in timed.items():
             ts[name].append(once(fn, args(a)))
-    ms = {name: 1e3 * float(np.median(t)) for name, t in ts.items()}
+    samples = {name: [1e3 * x for x in t] for name, t in ts.items()}
+    # the exchange of each batch: the lookups with collectives minus the same batch's local kernels
+    samples["exchange"] = [max(0.0, a - b) for a, b in zip(samples["with exchange"], samples["lookup"])]
+    ms = {name: float(np.median(t)) for name, t in samples.items()}
     res = {"lookup": ms["lookup"], "exchange": max(0.0, ms["with exchange"] - ms["lookup"])}
     res.update((k, ms[k]) for k in ("dense", "embedding update", "dense update", "step overhead", "step"))
-    return res
+    return res, samples
 
 
 def main():

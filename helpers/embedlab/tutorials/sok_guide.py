@@ -89,3 +89,36 @@ def guide_example():
         loss = tf.add_n([tf.reduce_sum(e) for e in embeddings])
     grads = tape.gradient(loss, [v1, v2])
     return [g.values.shape.as_list() for g in grads]
+
+
+def localized_example():
+    """A localized table (whole on the last rank) beside a distributed one, looked up from every
+    rank in one `lookup_sparse` call and updated by SGD (learning rate 1); returns this rank's view.
+
+    Both tables are `arange(rows * 2).reshape(rows, 2)`: the localized one has 6 rows, the
+    distributed one 5 (+100). Every rank looks up keys [[0, 5], [3]] in the localized table and
+    [[1], [2, 4]] in the distributed one (sum), and applies the gradient of the sum of the outputs.
+
+    Returns:
+        {"rank", "target_rank", "localized_rows" / "distributed_rows" (rows this rank holds),
+        "localized_out" / "distributed_out" (the looked-up sums), "localized_after" (this
+        rank's localized rows after the update)}.
+
+    Example (one process, where the last rank is rank 0):
+        >>> localized_example()["localized_out"]
+        [[10.0, 12.0], [6.0, 7.0]]
+    """
+    n, rank = sok.num_workers(), sok.rank()
+    loc = sok.Variable(np.arange(6 * 2).reshape(6, 2), dtype=tf.float32, mode=f"localized:{n - 1}",
+                       name="localized_demo")
+    dist = sok.Variable(np.arange(5 * 2).reshape(5, 2) + 100, dtype=tf.float32, name="distributed_demo")
+    ids_loc = tf.ragged.constant([[0, 5], [3]], dtype=tf.int64)
+    ids_dist = tf.ragged.constant([[1], [2, 4]], dtype=tf.int64)
+    with tf.GradientTape() as tape:
+        out_loc, out_dist = sok.lookup_sparse([loc, dist], [ids_loc, ids_dist], combiners=["sum", "sum"])
+        loss = tf.reduce_sum(out_loc) + tf.reduce_sum(out_dist)
+    grads = tape.gradient(loss, [loc, dist])
+    sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0)).apply_gradients(zip(grads, [loc, dist]))
+    return {"rank": rank, "target_rank": loc.target_rank, "localized_rows": int(loc.shape[0]),
+            "distributed_rows": int(dist.shape[0]), "localized_out": out_loc.numpy().tolist(),
+            "distributed_out": out_dist.numpy().tolist(), "localized_after": loc.numpy().tolist()}

@@ -1,5 +1,6 @@
 """Notebook 01's timing helpers: a timed step-by-step training loop for comparing models (loss
-curve + throughput), and one optimizer step on an embedding table, built to be timed."""
+curve + throughput) and the comparison of two models' step times worded from their spread, and
+one optimizer step on an embedding table, built to be timed."""
 from __future__ import annotations
 
 import time
@@ -7,7 +8,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["sparse_update_ms", "sparse_update_step", "train_steps"]
+__all__ = ["sparse_update_ms", "sparse_update_step", "train_steps", "train_steps_interleaved", "step_time_report"]
 
 
 def train_steps(model, x: dict, y: np.ndarray, batch_size: int, steps: int, warmup: int = 2, seed: int = 0):
@@ -40,24 +41,108 @@ def train_steps(model, x: dict, y: np.ndarray, batch_size: int, steps: int, warm
         >>> len(r["loss"]), r["examples_per_second"] > 0
         (5, True)
     """
+    return train_steps_interleaved({"model": model}, x, y, batch_size, steps, warmup, seed)["model"]
+
+
+def _batches(x: dict, y: np.ndarray, batch_size: int, steps: int, seed: int, where: str) -> list:
     n = len(y)
     if n < batch_size:
-        raise ValueError(f"train_steps: {n} examples < batch_size {batch_size}")
+        raise ValueError(f"{where}: {n} examples < batch_size {batch_size}")
     order = np.random.default_rng(seed).permutation(n)
     per_epoch = n // batch_size
     batches = []
     for s in range(steps):
         idx = order[(s % per_epoch) * batch_size:(s % per_epoch + 1) * batch_size]
         batches.append(({k: tf.constant(v[idx]) for k, v in x.items()}, tf.constant(y[idx])))
-    losses, secs = [], []
+    return batches
+
+
+def train_steps_interleaved(models: dict, x: dict, y: np.ndarray, batch_size: int, steps: int, warmup: int = 2,
+                            seed: int = 0) -> dict:
+    """Trains several compiled Keras models on the same batches, one step of each in turn.
+
+    Step i of every model runs on the same batch, back to back, so a slow phase of a shared
+    machine hits them alike and their step times are paired (compare them with
+    `embedlab.timing.compare`, as `step_time_report` does). Each model's training is what
+    `train_steps` would do alone: the models share nothing but the batches.
+
+    Args:
+        models: name -> compiled `keras.Model` taking the dict `x`.
+        x, y, batch_size, steps, warmup, seed: as `train_steps`.
+
+    Returns:
+        {name: `train_steps`' dict (loss, seconds, examples_per_second)}.
+
+    Example:
+        >>> import keras, numpy as np
+        >>> def make():
+        ...     inp = keras.Input((3,), name="f")
+        ...     m = keras.Model({"f": inp}, keras.layers.Dense(1)(inp)); m.compile("sgd", "mse"); return m
+        >>> r = train_steps_interleaved({"a": make(), "b": make()}, {"f": np.ones((64, 3), np.float32)},
+        ...                             np.ones(64, np.float32), batch_size=16, steps=4)
+        >>> [len(v["seconds"]) for v in r.values()]
+        [4, 4]
+    """
+    if not models:
+        raise ValueError("train_steps_interleaved: models is empty")
+    batches = _batches(x, y, batch_size, steps, seed, "train_steps_interleaved")
+    losses = {name: [] for name in models}
+    secs = {name: [] for name in models}
     for bx, by in batches:
-        t0 = time.perf_counter()
-        out = model.train_on_batch(bx, by, return_dict=True)
-        secs.append(time.perf_counter() - t0)
-        losses.append(float(out["loss"]))
-    timed = secs[warmup:] or secs
-    return {"loss": losses, "seconds": secs,
-            "examples_per_second": batch_size / float(np.median(timed))}
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            out = model.train_on_batch(bx, by, return_dict=True)
+            secs[name].append(time.perf_counter() - t0)
+            losses[name].append(float(out["loss"]))
+    result = {}
+    for name in models:
+        timed = secs[name][warmup:] or secs[name]
+        result[name] = {"loss": losses[name], "seconds": secs[name],
+                        "examples_per_second": batch_size / float(np.median(timed))}
+    return result
+
+
+def step_time_report(runs: dict, a: str, b: str, warmup: int = 2) -> tuple:
+    """(markdown lines, comparisons): model `a` against model `b` on each dataset, from the step
+    times `train_steps_interleaved` recorded, worded from their spread, and whether the ratio
+    moved between the datasets beyond it.
+
+    Step i of both models ran on the same batch, back to back, so the steps are paired: the spread
+    is the middle half of the per-step ratios (`embedlab.timing.compare`).
+
+    Args:
+        runs: `{(dataset, model): train_steps result}`, holding `a` and `b` for every dataset.
+        a, b: the two models' names. warmup: leading steps left out (tracing).
+
+    Returns:
+        (list of markdown lines, `{dataset: Comparison}` with `ratio` = b's step time / a's).
+
+    Example:
+        >>> r = {("d", "x"): {"seconds": [9, 9, 1.0, 1.1, 0.9]}, ("d", "y"): {"seconds": [9, 9, 2.0, 2.1, 1.9]}}
+        >>> lines, c = step_time_report(r, "x", "y")
+        >>> c["d"].faster
+        'x'
+    """
+    from ..timing import compare
+    datasets = list(dict.fromkeys(d for d, _ in runs))
+    cmp = {}
+    for d in datasets:
+        for m in (a, b):
+            if (d, m) not in runs:
+                raise ValueError(f"step_time_report: runs lack ({d!r}, {m!r})")
+        sa, sb = (np.asarray(runs[(d, m)]["seconds"][warmup:] or runs[(d, m)]["seconds"]) for m in (a, b))
+        cmp[d] = compare(sa, sb, a, b)
+    lines = [f"- {d}: {c.sentence()}." for d, c in cmp.items()]
+    if len(datasets) >= 2:
+        first, last = cmp[datasets[0]], cmp[datasets[-1]]
+        moved = f"{b}'s step took {first.ratio:.2f}x the time of {a}'s on {datasets[0]} " \
+                f"({first.low:.2f}-{first.high:.2f}x) and {last.ratio:.2f}x on {datasets[-1]} " \
+                f"({last.low:.2f}-{last.high:.2f}x)"
+        if first.high < last.low or last.high < first.low:
+            lines.append(f"- Between the tables the ratio moved beyond its spread: {moved}.")
+        else:
+            lines.append(f"- Between the tables the ratio stayed within its spread: {moved}; the ranges overlap.")
+    return lines, cmp
 
 
 WARMUP_STEPS = 4

@@ -1,10 +1,10 @@
-"""embedlab.data.criteo_dask: the Criteo ETL on a Dask cluster gives the single-process output.
+"""embedlab.data.criteo.etl_dask: the Criteo ETL on a Dask cluster gives the single-process output.
 
 Clusters are real: LocalClusters of 1, 2 and 3 worker processes on 127.0.0.1, and a scheduler
 and two workers started from the command line (`dask scheduler`, `dask worker`), the way one
 starts them on several machines. A worker killed mid-run (SIGKILL to its process) is retried
 by Dask with identical output; with retries switched off the run fails naming the chunk and
-leaves nothing behind. The per-part Norm conversion (`criteo_dask.parquet_to_norm`) writes the
+leaves nothing behind. The per-part Norm conversion (`etl_dask.parquet_to_norm`) writes the
 single-process `formats.parquet_to_norm` files byte for byte on 1 and 2 workers, and a worker
 killed mid-conversion is handled the same two ways (rerun, byte-identical; or, without retries,
 an error naming the part and nothing left). The kills go through `kill_worker_during`
@@ -24,7 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedlab.data import criteo, criteo_dask
+from embedlab.data import criteo
+from embedlab.data.criteo import etl_dask
 
 pytestmark = pytest.mark.filterwarnings("ignore:preprocess skipped")
 
@@ -92,15 +93,15 @@ def test_byte_ranges_own_every_line_once(tmp_path, rng):
         want = data.splitlines(keepends=True)
         for size, workers in [(1, 1), (2, 1), (3, 2), (7, 1), (31, 3), (64, 2), (1000, 1),
                               (1000, 3), (len(data), 2)]:
-            urls, chunks = criteo_dask._plan(str(p), size, workers)
+            urls, chunks = etl_dask._plan(str(p), size, workers)
             assert isinstance(chunks[0].fs, LocalFileSystem)
             lengths = [ch.end - ch.start for ch in chunks]
             assert max(lengths) <= size and max(lengths) - min(lengths) <= 1, (size, workers)
             assert len(chunks) == 1 or len(chunks) % workers == 0, (size, workers)
             got = []
             for ch in chunks:
-                n = criteo_dask._count_task(ch)
-                buf = criteo_dask._read_lines(ch, n).tobytes()
+                n = etl_dask._count_task(ch)
+                buf = etl_dask._read_lines(ch, n).tobytes()
                 got.extend(buf.splitlines(keepends=True))
             if tail:
                 want_n = want[:-1] + [tail + b"\n"]
@@ -117,20 +118,20 @@ def test_output_digest_sees_one_changed_value(inputs, tmp_path):
     changed = tmp_path / "changed.parquet"
     pq.write_table(t.set_column(t.schema.get_field_index("C7"), "C7", pa.array(col)), changed)
     other = criteo.PreprocessResult(**{**ref.__dict__, "files": {**ref.files, "val": [changed]}})
-    a, b = criteo_dask.output_digest(ref), criteo_dask.output_digest(other)
+    a, b = etl_dask.output_digest(ref), etl_dask.output_digest(other)
     assert a != b and a["splits"]["val"]["C7"] != b["splits"]["val"]["C7"]
     assert a["splits"]["val"]["C8"] == b["splits"]["val"]["C8"]
 
 
 def test_bad_arguments(inputs, tmp_path, monkeypatch):
     d, paths, _ = inputs
-    monkeypatch.delenv(criteo_dask.SCHEDULER_ENV, raising=False)
+    monkeypatch.delenv(etl_dask.SCHEDULER_ENV, raising=False)
     with pytest.raises(TypeError, match="client"):
         criteo.preprocess(paths, tmp_path / "x", client=42, progress=False)
     with pytest.raises(FileNotFoundError, match="nope"):
         criteo.preprocess(tmp_path / "nope.txt", tmp_path / "x", client="local", progress=False)
     with pytest.raises(ValueError, match="no Dask cluster"):
-        with criteo_dask.resolve_client(None):
+        with etl_dask.resolve_client(None):
             pass
     assert not (tmp_path / "x").exists()
 
@@ -139,7 +140,7 @@ def test_bad_arguments(inputs, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda n: f"{n}workers")
 def local(request):
-    with criteo_dask.local_client(request.param) as client:
+    with etl_dask.local_client(request.param) as client:
         yield request.param, client
 
 
@@ -149,12 +150,12 @@ def test_identical_to_single_process(inputs, local, chunk_bytes, tmp_path):
     n, client = local
     res = criteo.preprocess(paths, tmp_path / "out", chunk_bytes=chunk_bytes, client=client, **KW)
     assert_same_output(ref, res)
-    assert criteo_dask.output_digest(ref) == criteo_dask.output_digest(res)
+    assert etl_dask.output_digest(ref) == etl_dask.output_digest(res)
     meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
     assert meta["dask"]["workers"] == n
     assert meta["dask"]["chunks"] > (2 if chunk_bytes == 1 << 20 else 10)
     assert not [p for p in tmp_path.iterdir() if p.name != "out"]      # no temporary folder
-    rss = criteo_dask.worker_peak_rss(client)
+    rss = etl_dask.worker_peak_rss(client)
     assert len(rss) == n and all(50 << 20 < v < 8 << 30 for v in rss.values()), rss
 
 
@@ -189,7 +190,7 @@ def big_ref(big_input):
 def test_killed_worker_is_retried_with_identical_output(big_input, big_ref, tmp_path,
                                                         kill_worker_during):
     txt, d = big_input
-    with criteo_dask.local_client(2) as client:
+    with etl_dask.local_client(2) as client:
         out, killed = kill_worker_during(
             client, lambda: criteo.preprocess(txt, tmp_path / "out", chunk_bytes=4 << 20,
                                               client=client, **KW), "etl-pass2")
@@ -205,12 +206,12 @@ def test_killed_worker_without_retries_names_the_chunk_and_leaves_nothing(big_in
     import dask
     txt, d = big_input
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        with criteo_dask.local_client(2) as client:
+        with etl_dask.local_client(2) as client:
             out, _ = kill_worker_during(
                 client, lambda: criteo.preprocess(txt, tmp_path / "out", chunk_bytes=4 << 20,
                                                   client=client, **KW), "etl-pass2")
     err = out.get("err")
-    assert isinstance(err, criteo_dask.ChunkFailedError), out
+    assert isinstance(err, etl_dask.ChunkFailedError), out
     assert "chunk" in str(err) and "bytes" in str(err) and "nothing was written" in str(err)
     assert not list(tmp_path.iterdir())                    # no output, no temporary folder
 
@@ -252,7 +253,7 @@ def test_command_line_scheduler_and_workers(inputs, tmp_path, monkeypatch):
             c.wait_for_workers(2, timeout=120)
             trim = c.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_"))
             assert set(trim.values()) == {None}, trim
-        monkeypatch.setenv(criteo_dask.SCHEDULER_ENV, addr)
+        monkeypatch.setenv(etl_dask.SCHEDULER_ENV, addr)
         res = criteo.preprocess([f"file://{p}" for p in paths], f"file://{tmp_path}/out",
                                 chunk_bytes=300_000, **KW)
         assert json.loads((tmp_path / "out" / "metadata.json").read_text())["dask"]["workers"] == 2
@@ -308,11 +309,11 @@ def test_parquet_to_norm_identical_to_single_process(inputs, local, case, tmp_pa
     monkeypatch.chdir(tmp_path / "single")
     want = formats.parquet_to_norm(parts, "norm", progress=False,
                                    **{k: v for k, v in kw.items() if k != "files_per_task"})
-    digest = criteo_dask.norm_digest(want)
+    digest = etl_dask.norm_digest(want)
     monkeypatch.chdir(tmp_path / "dask")
-    got = criteo_dask.parquet_to_norm(parts, "norm", progress=False, client=client, **kw)
+    got = etl_dask.parquet_to_norm(parts, "norm", progress=False, client=client, **kw)
     assert got == want
-    assert criteo_dask.norm_digest(got) == digest
+    assert etl_dask.norm_digest(got) == digest
     a, b = tmp_path / "single" / "norm", tmp_path / "dask" / "norm"
     names = assert_same_files(a, b)
     assert sum(x.endswith(".data") for x in names) == -(-sum(ref.rows.values())
@@ -330,13 +331,13 @@ def test_norm_digest_sees_one_changed_byte(inputs, tmp_path):
     d, paths, ref = inputs
     a, b = (formats.parquet_to_norm(ref.files["val"], tmp_path / n, samples_per_file=300,
                                     progress=False) for n in ("a", "b"))
-    assert criteo_dask.norm_digest(a) == criteo_dask.norm_digest(b)
+    assert etl_dask.norm_digest(a) == etl_dask.norm_digest(b)
     for name in ("part_1.data", "file_list.keyset"):
         f = tmp_path / "b" / name
         data = bytearray(f.read_bytes())
         data[len(data) // 2] ^= 1
         f.write_bytes(bytes(data))
-        assert criteo_dask.norm_digest(a) != criteo_dask.norm_digest(b), name
+        assert etl_dask.norm_digest(a) != etl_dask.norm_digest(b), name
         data[len(data) // 2] ^= 1
         f.write_bytes(bytes(data))
 
@@ -351,7 +352,7 @@ def test_parquet_to_norm_failing_part_leaves_nothing(inputs, local, tmp_path):
     t = pq.read_table(ref.files["val"][0])
     pq.write_table(t.drop_columns(["I2"]), bad)
     with pytest.raises(Exception, match="I2"):
-        criteo_dask.parquet_to_norm([ref.files["train"][0], bad], tmp_path / "norm",
+        etl_dask.parquet_to_norm([ref.files["train"][0], bad], tmp_path / "norm",
                                     samples_per_file=1_000, files_per_task=2, progress=False,
                                     client=client)
     assert [p.name for p in tmp_path.iterdir()] == ["bad.parquet"]
@@ -372,9 +373,9 @@ def test_killed_worker_during_norm_is_retried_byte_identical(big_ref, tmp_path, 
     monkeypatch.chdir(tmp_path / "single")
     want = formats.parquet_to_norm(parts, "norm", progress=False, **NORM_KILL)
     monkeypatch.chdir(tmp_path / "dask")
-    with criteo_dask.local_client(2) as client:
+    with etl_dask.local_client(2) as client:
         out, killed = kill_worker_during(
-            client, lambda: criteo_dask.parquet_to_norm(parts, "norm", progress=False,
+            client, lambda: etl_dask.parquet_to_norm(parts, "norm", progress=False,
                                                         client=client, files_per_task=4,
                                                         **NORM_KILL), "norm-part")
         assert "err" not in out, out.get("err")
@@ -393,15 +394,52 @@ def test_killed_worker_during_norm_without_retries_names_the_part(big_ref, tmp_p
     import dask
     parts = big_ref.files["train"]
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        with criteo_dask.local_client(2) as client:
+        with etl_dask.local_client(2) as client:
             out, _ = kill_worker_during(
-                client, lambda: criteo_dask.parquet_to_norm(
+                client, lambda: etl_dask.parquet_to_norm(
                     parts, tmp_path / "norm", progress=False, client=client, files_per_task=4,
                     **NORM_KILL), "norm-part")
     err = out.get("err")
-    assert isinstance(err, criteo_dask.ChunkFailedError), out
+    assert isinstance(err, etl_dask.ChunkFailedError), out
     import re
     assert re.search(r"parquet_to_norm on Dask: Norm files \d+-\d+ \(rows [\d,]+-[\d,]+\) "
                      r"failed", str(err)), str(err)
     assert "nothing was written" in str(err)
     assert not list(tmp_path.iterdir())                    # no output, no temporary folder
+
+
+# ----------------------------------------------------------------------------- killed client
+
+def _temporary_of_a_killed_writer(target: Path) -> Path:
+    """A temporary folder of `target` named by a writer process that is then SIGKILLed."""
+    code = ("import sys, time; from embedlab._io import temporary_path; "
+            "p = temporary_path(sys.argv[1]); p.mkdir(); (p / 'part').write_bytes(b'x' * 1000); "
+            "print(p, flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE, text=True)
+    tmp = Path(child.stdout.readline().strip())
+    child.kill()
+    child.wait()
+    assert tmp.is_dir() and tmp.name.startswith(f".{target.name}.tmp-")
+    return tmp
+
+
+def test_next_run_removes_a_killed_runs_temporaries(inputs, local, tmp_path, caplog):
+    """The ETL and the Norm conversion on Dask each remove the temporary folder that a killed
+    client left beside their output (and log it), then write as usual."""
+    d, paths, ref = inputs
+    n, client = local
+    if n != 1:
+        pytest.skip("one cluster size is enough")
+    out = tmp_path / "out"
+    stale = _temporary_of_a_killed_writer(out)
+    with caplog.at_level("WARNING", logger="embedlab.io"):
+        res = criteo.preprocess(paths, out, client=client, **KW)
+    assert_same_output(ref, res)
+    assert not stale.exists() and str(stale) in caplog.text
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+    norm = tmp_path / "norm"
+    stale = _temporary_of_a_killed_writer(norm)
+    etl_dask.parquet_to_norm(ref.files["val"], norm, samples_per_file=300, progress=False, client=client)
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["norm", "out"]

@@ -56,7 +56,7 @@ class Table:
 
 
 def native_tiers() -> bool:
-    from embedlab._native import core
+    from embedlab import core
     c = core()
     return hasattr(c, "EmbeddingCache") and hasattr(c, "HashMapStore")
 
@@ -68,7 +68,7 @@ needs_native_tiers = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def redis_server():
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     r = start_redis()
     yield r
     r.stop()
@@ -76,7 +76,7 @@ def redis_server():
 
 @pytest.fixture(scope="module")
 def redis_cluster():
-    from embedlab.hps.redis import start_redis_cluster
+    from embedlab.services.redis_server import start_redis_cluster
     c = start_redis_cluster(3)
     yield c
     c.stop()
@@ -102,10 +102,10 @@ def cluster_ok(nodes) -> bool:
 class OneNodeCluster:
     """A Redis cluster of one master (cluster mode, every slot assigned to it); ``redis-cli
     --cluster create`` needs three, so the slots are added by hand. Same interface as
-    :class:`embedlab.hps.redis.RedisCluster` (nodes, address, password, start, stop)."""
+    :class:`embedlab.services.redis_server.RedisCluster` (nodes, address, password, start, stop)."""
 
     def __init__(self):
-        from embedlab.hps.redis import RedisServer
+        from embedlab.services.redis_server import RedisServer
         self.nodes = [RedisServer(cluster=True)]
         self.password = self.nodes[0].password
 

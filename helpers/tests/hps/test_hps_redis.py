@@ -73,7 +73,7 @@ def test_password_and_address_errors(redis_server):
 
 @needs_native_tiers
 def test_redis_killed_under_load_lookups_stay_exact(tmp_path, caplog):
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     r = start_redis()
     try:
         tab = Table(tmp_path / "t", n=3000, dim=16)
@@ -145,20 +145,10 @@ def test_cluster_node_killed_lookups_stay_exact(redis_cluster, tmp_path):
     ps.close()
 
 
-def test_local_redis_is_loopback_only_with_a_password(redis_server):
-    c = redis_server.client()
-    assert c.config_get("bind")["bind"] == "127.0.0.1"
-    assert c.config_get("requirepass")["requirepass"] == redis_server.password != ""
-    assert c.config_get("save")["save"] == "" and c.config_get("appendonly")["appendonly"] == "no"
-    import redis
-    with pytest.raises(redis.AuthenticationError):
-        redis.Redis(host="127.0.0.1", port=redis_server.port, password="not-it").ping()
-
-
 def test_rows_updated_during_an_outage_are_not_served_stale(tmp_path):
     import signal
 
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     r = start_redis()
     try:
         tab = Table(tmp_path / "t", n=200, dim=4)

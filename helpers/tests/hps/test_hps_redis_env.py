@@ -1,15 +1,15 @@
-"""hps_redis(): the Redis named by EMBEDLAB_REDIS_ADDRESS / EMBEDLAB_REDIS_PASSWORD (a real
-password-protected redis-server the test starts on 127.0.0.1 stands for the user's), or a local
-one; bad values give errors naming the variable; a user's Redis is never killed or stopped."""
-import socket
+"""The HPS on the Redis that EMBEDLAB_REDIS_ADDRESS / EMBEDLAB_REDIS_PASSWORD name (a real
+password-protected redis-server the test starts on 127.0.0.1 stands for the user's): the volatile
+tier and the tier demos use it and leave no rows. The launcher itself is tested in
+tests/services/test_redis_server.py."""
 import uuid
 
 import numpy as np
 import pytest
 
 from embedlab.hps import ParameterServer
-from embedlab.hps.redis import (ADDRESS_ENV, PASSWORD_ENV, ExternalRedis, RedisServer, RedisSettingError,
-                                hps_redis, redis_to_kill, start_redis)
+from embedlab.services.redis_server import (ADDRESS_ENV, PASSWORD_ENV, ExternalRedis, hps_redis, redis_to_kill,
+                                            start_redis)
 
 from hps_testing import Table, needs_native_tiers
 
@@ -27,12 +27,6 @@ def env(monkeypatch, users_redis):
     monkeypatch.setenv(ADDRESS_ENV, users_redis.address)
     monkeypatch.setenv(PASSWORD_ENV, users_redis.password)
     return users_redis
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_variables_select_that_redis_and_the_hps_uses_it(env, tmp_path):
@@ -53,64 +47,6 @@ def test_the_variables_select_that_redis_and_the_hps_uses_it(env, tmp_path):
     keys = [k.decode() for k in env.client().keys(f"hps_et.{name}.*")]
     assert len(keys) == 3 and sum(env.client().hlen(k) for k in keys) == 500
     env.client().delete(*keys)
-
-
-def test_a_users_redis_is_never_killed_or_stopped(env):
-    r = hps_redis()
-    with pytest.raises(RuntimeError, match="refusing to kill"):
-        r.kill()
-    r.stop()
-    assert env.running and env.ping()
-    victim = redis_to_kill(r)
-    try:
-        assert isinstance(victim, RedisServer) and victim.address != env.address
-        victim.kill()
-        assert not victim.running and env.ping()
-    finally:
-        victim.stop()
-
-
-def test_without_the_variables_a_local_redis_is_started(monkeypatch):
-    monkeypatch.delenv(ADDRESS_ENV, raising=False)
-    monkeypatch.delenv(PASSWORD_ENV, raising=False)
-    r = hps_redis()
-    try:
-        assert isinstance(r, RedisServer) and not r.external and r.running and r.password
-        assert r.address.startswith("127.0.0.1:") and redis_to_kill(r) is r
-        assert "local redis-server" in r.describe()
-    finally:
-        r.stop()
-    assert not r.running
-
-
-@pytest.mark.parametrize("case", ["unreachable", "wrong_password", "no_password", "malformed", "url",
-                                  "password_without_address"])
-def test_bad_values_name_the_variable(case, users_redis, monkeypatch):
-    env = {ADDRESS_ENV: users_redis.address, PASSWORD_ENV: users_redis.password}
-    want = {"unreachable": (ADDRESS_ENV, "cannot connect"), "wrong_password": (PASSWORD_ENV, "refused the password"),
-            "no_password": (PASSWORD_ENV, "requires a password"), "malformed": (ADDRESS_ENV, "is not host:port"),
-            "url": (ADDRESS_ENV, "is not host:port"), "password_without_address": (ADDRESS_ENV, "is not")}[case]
-    if case == "unreachable":
-        env[ADDRESS_ENV] = f"127.0.0.1:{_closed_port()}"
-    elif case == "wrong_password":
-        env[PASSWORD_ENV] = "not-the-password"
-    elif case == "no_password":
-        del env[PASSWORD_ENV]
-    elif case == "malformed":
-        env[ADDRESS_ENV] = "127.0.0.1"
-    elif case == "url":
-        env[ADDRESS_ENV] = f"redis://{users_redis.address}"
-    else:
-        del env[ADDRESS_ENV]
-    for k in (ADDRESS_ENV, PASSWORD_ENV):
-        monkeypatch.delenv(k, raising=False)
-        if k in env:
-            monkeypatch.setenv(k, env[k])
-    with pytest.raises(RedisSettingError) as e:
-        hps_redis()
-    msg = str(e.value)
-    assert want[0] in msg and want[1] in msg, msg
-    assert users_redis.password not in msg and env.get(PASSWORD_ENV, users_redis.password) not in msg, msg
 
 
 @needs_native_tiers

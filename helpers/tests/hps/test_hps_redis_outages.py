@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from embedlab.hps import ParameterServer
-from embedlab.hps.redis import RedisCluster
+from embedlab.services.redis_server import RedisCluster
 
 from hps_testing import LookupLoad, OneNodeCluster, Table, cluster_ok, needs_native_tiers, wait_for
 

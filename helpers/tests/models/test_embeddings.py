@@ -79,9 +79,9 @@ def test_trains_in_model_fit_and_round_trips_its_config(rng, tmp_path):
 
 
 def test_large_tables_start_aligned_and_stay_so_through_fit_and_load(rng, tmp_path):
-    """A table of 32 MiB and more starts 2 MiB-aligned (embedlab._tables) with the values Keras'
+    """A table of 32 MiB and more starts 2 MiB-aligned (embedlab.tables) with the values Keras'
     RandomUniform gives, and stays so through model.fit and load_model."""
-    from embedlab import _tables
+    from embedlab import tables as _tables
     sizes = [1 << 20, 50]                          # 32 MiB at dim 8, and a small table
     a = keras.Input((), dtype="int64", name="a")
     b = keras.Input((), dtype="int64", name="b")

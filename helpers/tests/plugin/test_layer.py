@@ -225,9 +225,9 @@ def test_model_fit_trains(rng, own):
 
 
 def test_large_table_stays_aligned_through_fit_save_and_restore(rng, tmp_path):
-    """A table of 32 MiB and more starts 2 MiB-aligned (embedlab._tables) with the same initial
+    """A table of 32 MiB and more starts 2 MiB-aligned (embedlab.tables) with the same initial
     values, and stays so through model.fit with the layer's optimizer, restore and set_table."""
-    from embedlab import _tables
+    from embedlab import tables as _tables
     V, D, S, M = 1 << 20, 8, 2, 2
     emb = plugin.EmbeddingLayer(V, D, S, M, optimizer=eopt.SGD(0.1), seed=3)
     (table,) = emb.tables

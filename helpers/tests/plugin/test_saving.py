@@ -34,7 +34,7 @@ _CHILD = textwrap.dedent("""
     plugin.split_cpu(2)                       # another device count than the saving process
     import keras, tensorflow as tf
     import embedlab.models, embedlab.ops      # registers the Keras classes, loads the op library
-    embedlab._native.tf_ops()
+    embedlab.tf_ops()
     plugin.init(["/CPU:0", "/CPU:1"], seed=7)
     cases = json.loads(sys.argv[1])
     for case in cases:

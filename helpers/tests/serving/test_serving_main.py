@@ -18,16 +18,16 @@ import time
 import numpy as np
 import pytest
 
-from embedlab.hps.redis import ADDRESS_ENV, PASSWORD_ENV
+from embedlab.services.redis_server import ADDRESS_ENV, PASSWORD_ENV
 from embedlab.serving import client_for, hps_stats, infer, predict
-from serving_export import MAX_BATCH, SLOTS, VOCAB_PER_SLOT, random_keys
+from serving_export import MAX_BATCH, SLOTS, VOCAB_PER_SLOT, random_keys, seal_export
 
 
 def _copy_export(export_dir, dst):
     shutil.copytree(export_dir, dst)
     for p in dst.glob("*.json"):
         p.write_text(p.read_text().replace(str(export_dir), str(dst)))
-    return dst
+    return seal_export(dst)
 
 
 class _Serve:
@@ -97,7 +97,7 @@ def _check_answers(out: str, reference, rng):
 
 
 def test_serve_uses_the_redis_of_the_variables(export_dir, reference, tmp_path, rng):
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     exp = _copy_export(export_dir, tmp_path / "export")
     with start_redis() as users:
         s = _Serve(exp, tmp_path, _env(**{ADDRESS_ENV: users.address, PASSWORD_ENV: users.password}))
@@ -134,7 +134,7 @@ def test_serve_without_the_variables_starts_and_stops_a_local_redis(export_dir, 
 
 @pytest.mark.parametrize("bad", ["unreachable", "wrong_password"])
 def test_serve_with_bad_variables_names_them(export_dir, tmp_path, bad):
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     with start_redis() as users:
         if bad == "unreachable":
             users.kill()

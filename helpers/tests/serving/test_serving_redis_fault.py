@@ -8,7 +8,7 @@ from serving_export import MAX_BATCH, random_keys
 
 
 def test_redis_killed_under_load(export_dir, reference, tmp_path, rng):
-    from embedlab.hps.redis import start_redis
+    from embedlab.services.redis_server import start_redis
     batches = [random_keys(rng, 16) for _ in range(24)]
     # The reference serves the same tables from the export's in-process hash map.
     expected = [reference.predict(k) for k in batches]

@@ -25,7 +25,7 @@ PINNED = textwrap.dedent("""
     sys.path.insert(0, {here!r})
     import numpy as np
     from sessionlib import dump, wdl_json, write_lists
-    from embedlab import _native
+    import embedlab
     from embedlab.session import Session, solver_parser_helper
 
     lists, keysets, ev = write_lists({data!r}, np.random.default_rng(0), [(1, 2), (4, 1)], n_lists=1,
@@ -33,7 +33,7 @@ PINNED = textwrap.dedent("""
     sess = Session(solver_parser_helper(batchsize=32, batchsize_eval=32), dump({data!r} + "/m.json",
                    wdl_json(capacity=400)), False)
     reader = sess.get_data_reader_train()
-    core = _native.core()
+    core = embedlab.core()
     real, inside = core.decode_norm, threading.Event()
 
     def decode_until_stopped(*args):

@@ -86,8 +86,8 @@ def test_catch_up_replays_missed_steps_exactly_and_refuses_rows_too_far_behind(r
     """EmbedLabGlobalAdamCatchUp on a row 3 steps behind equals 3 full passes with a zero
     gradient, bit for bit; repeated rows are replayed once; a row further behind than the
     learning-rate ring reaches is an error naming it, and nothing is written."""
-    from embedlab import _native
-    ops = _native.tf_ops()
+    import embedlab
+    ops = embedlab.tf_ops()
     spec = OptimizerSpec(type="Adam", update_type="Global", learning_rate=0.01)
     opt = TFOptimizer(spec)
     w0 = rng.standard_normal((6, 8)).astype(np.float32)

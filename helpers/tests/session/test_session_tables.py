@@ -1,12 +1,12 @@
 """The Session's large embedding tables and their optimizer state start 2 MiB-aligned on huge
-pages (`embedlab._tables`) and stay there through training steps, oversubscription's pass
+pages (`embedlab.tables`) and stay there through training steps, oversubscription's pass
 switches (per-pass writes), stored-model download and loading."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from embedlab import _tables
+from embedlab import tables as _tables
 from embedlab.session import Session, solver_parser_helper
 
 from sessionlib import dump, wdl_json, write_lists

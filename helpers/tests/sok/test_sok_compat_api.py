@@ -1,6 +1,6 @@
 """SOK's new API and Horovod calls as HugeCTR's own SOK tests use them (sparse_operation_kit
 v23.02-v25.03 function tests): `sok.init(comm_tool)`, `sok.SGD`, `sok.filter_variables`,
-`sok.tf_version`, and `embedlab.sok.horovod` (our `horovod.tensorflow`) on 1 and 2 workers."""
+`sok.tf_version`, and `embedlab.sok.compat.horovod` (our `horovod.tensorflow`) on 1 and 2 workers."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import embedlab.sok as sok
-import embedlab.sok.horovod as hvd
+import embedlab.sok.compat.horovod as hvd
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -89,7 +89,7 @@ _JOB = textwrap.dedent("""
     import json, sys
     import numpy as np
     import tensorflow as tf
-    import embedlab.sok.horovod as hvd
+    import embedlab.sok.compat.horovod as hvd
     hvd.init()
     r, n = hvd.rank(), hvd.size()
     out = {}

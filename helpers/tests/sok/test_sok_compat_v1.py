@@ -100,3 +100,38 @@ def test_v1_layers_under_mixed_float16_keep_float32_tables_and_return_the_comput
     want = table[keys.reshape(-1)].reshape(2, 2, 1, 4) if layer == "dense" else table[keys.reshape(-1)].reshape(2, 2, 4)
     np.testing.assert_array_equal(out.numpy(), want.astype(np.float16))
     assert grad is not None
+
+
+@pytest.mark.parametrize("layer", ["dense", "sparse"])
+def test_embedding_variable_values_name_the_saver_files_as_sok_demo_tests_read_them(layer, tmp_path, rng):
+    """HugeCTR's test_{sparse,dense}_emb_demo_model_*_worker.py train with OptimizerScope, dump the
+    table with Saver, then open `<embedding_variable.values[0].m_var_name>_keys.file` and
+    `_values.file` and compare them with TensorFlow's table."""
+    import keras
+    vocab, dim = 32, 3
+    keys = rng.integers(0, 10**12, size=8)
+    keys[1] = keys[0]                                       # a duplicate key
+    if layer == "dense":
+        lay, other = (sok.All2AllDenseEmbedding(vocab, dim, slot_num=2, nnz_per_slot=1) for _ in range(2))
+        ids = tf.constant(keys.reshape(4, 2, 1))
+    else:
+        lay, other = (sok.DistributedEmbedding("sum", vocab, dim, slot_num=2, max_nnz=1) for _ in range(2))
+        ids = tf.SparseTensor([[r, 0] for r in range(8)], tf.constant(keys), [8, 1])
+    var = lay.embedding_variable
+    assert isinstance(var.values, tuple) and len(var.values) == 1 and var.values[0] is var
+    assert var.values[0].m_var_name != other.embedding_variable.values[0].m_var_name   # one file pair per table
+    opt = keras.optimizers.SGD(learning_rate=0.5)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(lay(ids) ** 2)
+    emb_vars, _ = sok.split_embedding_variable_from_others([var])
+    grads = tape.gradient(loss, emb_vars)
+    with sok.OptimizerScope(emb_vars):
+        opt.apply_gradients(zip(grads, emb_vars), experimental_aggregate_gradients=False)
+    trained = lay(ids).numpy().reshape(-1, dim)
+    sok.Saver().dump_to_file(var, str(tmp_path))
+    name = var.values[0].m_var_name
+    saved_keys = np.fromfile(tmp_path / f"{name}_keys.file", np.int64)
+    saved_values = np.fromfile(tmp_path / f"{name}_values.file", np.float32).reshape(-1, dim)
+    assert sorted(saved_keys.tolist()) == sorted(set(keys.tolist()))
+    row_of = {int(k): saved_values[i] for i, k in enumerate(saved_keys)}
+    np.testing.assert_array_equal(np.stack([row_of[int(k)] for k in keys]), trained)

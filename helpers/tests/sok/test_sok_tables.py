@@ -1,5 +1,5 @@
 """embedlab.sok's large CPU tables (a worker's shards, their optimizer state, the first-generation
-layers' tables) start 2 MiB-aligned on huge pages (`embedlab._tables`) and stay there through
+layers' tables) start 2 MiB-aligned on huge pages (`embedlab.tables`) and stay there through
 training steps, sok.dump / sok.load and Saver restores, with the same values."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import embedlab.optimizers as eopt
 import embedlab.sok as sok
-from embedlab import _tables
+from embedlab import tables as _tables
 
 ROWS, DIM = 1 << 20, 8      # 32 MiB: the smallest table placed
 

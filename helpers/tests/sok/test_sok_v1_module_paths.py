@@ -1,7 +1,9 @@
 """SOK's first-generation module paths (HugeCTR v23.09.00, `sparse_operation_kit/embeddings/`,
 `core/`, `optimizers/`, `saver/`) as NVIDIA's code imports them, e.g. HugeCTR's DenseDemo
 `models.py`: `from sparse_operation_kit.embeddings.tf_distributed_embedding import
-TFDistributedEmbedding`, which is `embedlab.sok.embeddings.tf_distributed_embedding` here."""
+TFDistributedEmbedding`, which is `embedlab.sok.compat.embeddings.tf_distributed_embedding` here
+(the compatibility wing; tests/test_package.py checks that the old `embedlab.sok.embeddings...`
+paths resolve to it)."""
 from __future__ import annotations
 
 import importlib
@@ -19,7 +21,7 @@ from reference import fresh_seed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# module path under embedlab.sok -> names it holds, which are embedlab.sok's own objects
+# module path under embedlab.sok.compat -> names it holds, which are embedlab.sok's own objects
 _PATHS = {
     "embeddings.distributed_embedding": ["DistributedEmbedding"],
     "embeddings.all2all_dense_embedding": ["All2AllDenseEmbedding"],
@@ -34,26 +36,28 @@ _PATHS = {
 
 @pytest.mark.parametrize("path", sorted(_PATHS))
 def test_sok_module_paths_hold_embedlab_sok_names(path):
-    mod = importlib.import_module(f"embedlab.sok.{path}")
+    mod = importlib.import_module(f"embedlab.sok.compat.{path}")
     for name in _PATHS[path]:
         assert getattr(mod, name) is getattr(sok, name)
 
 
 def test_submodules_are_attributes_of_the_package_as_in_sok():
     # SOK's package import brings these in; tf_distributed_embedding is imported by name
-    assert sok.embeddings.distributed_embedding.DistributedEmbedding is sok.DistributedEmbedding
-    assert sok.embeddings.all2all_dense_embedding.All2AllDenseEmbedding is sok.All2AllDenseEmbedding
-    assert sok.core.initialize.Init is sok.Init
-    assert sok.saver.Saver.Saver is sok.Saver
+    from embedlab.sok.compat import core, embeddings, saver
+    assert embeddings.distributed_embedding.DistributedEmbedding is sok.DistributedEmbedding
+    assert embeddings.all2all_dense_embedding.All2AllDenseEmbedding is sok.All2AllDenseEmbedding
+    assert core.initialize.Init is sok.Init
+    assert saver.Saver.Saver is sok.Saver
 
 
 def test_sok_compiled_adam_is_a_clear_error():
+    from embedlab.sok.compat import optimizers
     with pytest.raises(AttributeError, match="SOK's compiled GPU Adam is not provided.*OptimizerScope"):
-        sok.optimizers.Adam
+        optimizers.Adam
 
 
 def test_tf_distributed_embedding_signature_is_sok_s():
-    from embedlab.sok.embeddings.tf_distributed_embedding import TFDistributedEmbedding as T
+    from embedlab.sok.compat.embeddings.tf_distributed_embedding import TFDistributedEmbedding as T
     params = list(inspect.signature(T.__init__).parameters.values())[1:]
     ours = [(p.name, None if p.default is inspect.Parameter.empty else p.default)
             for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
@@ -70,7 +74,7 @@ def strategy():
 
 
 def test_tf_distributed_embedding_one_replica_lookup_and_training(strategy):
-    from embedlab.sok.embeddings.tf_distributed_embedding import TFDistributedEmbedding
+    from embedlab.sok.compat.embeddings.tf_distributed_embedding import TFDistributedEmbedding
     rng = np.random.default_rng(fresh_seed())
     table = rng.normal(size=(7, 4)).astype(np.float32)
     keys = rng.integers(0, 7, size=(3, 2, 2))
@@ -100,7 +104,7 @@ def test_tf_distributed_embedding_one_replica_lookup_and_training(strategy):
 
 
 def test_tf_distributed_embedding_errors(strategy):
-    from embedlab.sok.embeddings.tf_distributed_embedding import TFDistributedEmbedding
+    from embedlab.sok.compat.embeddings.tf_distributed_embedding import TFDistributedEmbedding
     with pytest.raises(RuntimeError, match="must be created under tf.distribute.Strategy.Scope"):
         TFDistributedEmbedding(4, 2)
     with strategy.scope(), pytest.raises(ValueError, match="shape of initializer must be"):

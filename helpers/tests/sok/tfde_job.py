@@ -30,7 +30,7 @@ def main(outdir, seed):
     import embedlab
     tf = embedlab.import_tensorflow()
     import keras
-    from embedlab.sok.embeddings.tf_distributed_embedding import TFDistributedEmbedding
+    from embedlab.sok.compat.embeddings.tf_distributed_embedding import TFDistributedEmbedding
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     rank = strategy.cluster_resolver.task_id

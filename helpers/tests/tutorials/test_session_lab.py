@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import re
 import warnings
 from pathlib import Path
 
@@ -101,6 +102,25 @@ def test_train_passes_runs_hugectrs_loop(tmp_path, rng, capsys):
     out = capsys.readouterr().out
     assert out.count("[EMBEDLAB][INFO] iter:") == len(history)
     assert [l.split()[-1] for l in out.splitlines() if "trained with data in" in l] == [Path(l).name for l in lists]
+    # Metrics to 4 decimals, not float repr's 17 digits.
+    for line in (l for l in out.splitlines() if "iter:" in l):
+        assert re.fullmatch(r"\[EMBEDLAB\]\[INFO\] iter: \d+, metrics: AUC \d\.\d{4}", line), line
+    # One line per file list, naming its iterations and evaluations.
+    history2 = []
+    end2 = lab.train_passes(sess, list(zip(lists, keysets)), ev, eval_every=3, start=end, history=history2, log="pass")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(lists) and all(Path(l).name in line for l, line in zip(lists, lines))
+    assert lines[0].startswith(f"[EMBEDLAB][INFO] file_list.0.txt: iterations {end}-")
+    assert sum(line.count("(AUC ") for line in lines) == len(history2) and end2 > end
+    lab.train_passes(sess, list(zip(lists, keysets)), ev, eval_every=100, log=None)
+    assert capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="log"):
+        lab.train_passes(sess, list(zip(lists, keysets)), ev, eval_every=3, log="all")
+
+
+def test_format_metrics():
+    assert lab.format_metrics([("AUC", 0.45910608612814496)]) == "AUC 0.4591"
+    assert lab.format_metrics([("AUC", 1), ("loss", 0.123456)], digits=2) == "AUC 1.00, loss 0.12"
 
 
 def test_memory_mb_sees_mapped_pages_come_and_go(tmp_path):
@@ -146,3 +166,20 @@ def test_keras_dataset_has_its_length_and_fit_does_not_warn(tmp_path, wdl_meta):
             pass
     with pytest.raises(ValueError, match="rows"):
         lab.keras_wdl_dataset(tfr, batch, rows=0)
+
+
+def test_time_keras_and_session_pairs_the_rounds(tmp_path, wdl_meta):
+    meta = wdl_meta
+    tfr = tmp_path / "train.tfrecord"
+    formats.parquet_to_tfrecord(meta["parquet"]["train"], tfr)
+    ds = lab.keras_wdl_dataset(tfr, 512, rows=meta["split_rows"]["train"])
+    model = lab.keras_wdl(meta["vocabulary"], hidden=8)
+    js = dump(tmp_path / "m.json", wdl_json(capacity=meta["vocabulary"] + 16, deep_slots=26, hidden=8))
+    sess = Session(solver_parser_helper(batchsize=512, batchsize_eval=512), js)
+    steps_before = int(model.optimizer.iterations.numpy())
+    sps = lab.time_keras_and_session(model, ds, sess, meta["lists"], rounds=2)
+    assert set(sps) == {"keras", "session"} and all(len(v) == 2 and (v > 0).all() for v in sps.values())
+    # Warm-up (2 steps) and two whole epochs of Keras; the Session trained on too.
+    assert int(model.optimizer.iterations.numpy()) - steps_before == 2 + 2 * int(ds.cardinality())
+    with pytest.raises(ValueError, match="rounds"):
+        lab.time_keras_and_session(model, ds, sess, meta["lists"], rounds=0)

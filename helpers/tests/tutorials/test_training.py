@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from embedlab import optimizers as eopt
-from embedlab.tutorials.training import WARMUP_STEPS, sparse_update_ms, sparse_update_step
+from embedlab.tutorials.training import (WARMUP_STEPS, sparse_update_ms, sparse_update_step, train_steps,
+                                        train_steps_interleaved)
 
 
 @pytest.mark.parametrize("make", [lambda: eopt.Adam(1e-2), lambda: keras.optimizers.Adam(1e-2)], ids=["embedlab", "keras"])
@@ -46,3 +47,23 @@ def test_sparse_update_ms_and_bad_sizes():
         sparse_update_step(lambda: eopt.Adam(1e-3), rows=10, dim=4, touched=11)
     with pytest.raises(ValueError, match="touched"):
         sparse_update_step(lambda: eopt.Adam(1e-3), rows=10, dim=4, touched=0)
+
+
+def test_interleaved_training_is_each_model_trained_alone():
+    rng = np.random.default_rng()
+    x, y = {"f": rng.standard_normal((96, 4)).astype(np.float32)}, rng.integers(0, 2, 96).astype(np.float32)
+
+    def make(seed):
+        inp = keras.Input((4,), name="f")
+        m = keras.Model({"f": inp}, keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed))(inp))
+        m.compile(keras.optimizers.SGD(0.1), "mse")
+        return m
+
+    both = train_steps_interleaved({"a": make(1), "b": make(2)}, x, y, batch_size=16, steps=8, seed=5)
+    alone = train_steps(make(2), x, y, batch_size=16, steps=8, seed=5)
+    assert both["b"]["loss"] == alone["loss"] and both["a"]["loss"] != both["b"]["loss"]
+    assert all(len(r["seconds"]) == 8 and r["examples_per_second"] > 0 for r in both.values())
+    with pytest.raises(ValueError, match="batch_size"):
+        train_steps_interleaved({"a": make(1)}, x, y, batch_size=200, steps=1)
+    with pytest.raises(ValueError, match="empty"):
+        train_steps_interleaved({}, x, y, batch_size=16, steps=1)

@@ -37,8 +37,20 @@ def _open(path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _iter_byte_chunks(path, chunk_bytes: int) -> Iterator[tuple[int, np.ndarray, int]]:
-    """Yield (first line number, uint8 array of whole lines ending in b'\\n', raw bytes read)."""
+def iter_byte_chunks(path, chunk_bytes: int) -> Iterator[tuple[int, np.ndarray, int]]:
+    """A Criteo file as chunks of whole lines, read `chunk_bytes` at a time (`.gz` through gzip).
+
+    Yields:
+        (1-based number of the chunk's first line, uint8 array of whole lines ending in
+        b'\\n', raw bytes of the file it covers). A last line without a newline gets one.
+
+    Example:
+        >>> import tempfile
+        >>> p = Path(tempfile.mkdtemp()) / "a.txt"
+        >>> _ = p.write_bytes(b"a\\nb\\nc")
+        >>> [(first, buf.tobytes(), n) for first, buf, n in iter_byte_chunks(p, 3)]
+        [(1, b'a\\n', 2), (2, b'b\\n', 2), (3, b'c\\n', 1)]
+    """
     line = 1
     rest = b""
     with _open(path) as f:
@@ -83,12 +95,25 @@ class Block:
         return len(self.line)
 
 
-def _parse(buf: np.ndarray, first_line: int) -> Block:
+def parse_block(buf: np.ndarray, first_line: int) -> Block:
     """Parse whole lines (buf ends with b'\\n') column-wise. See `Block`.
+
+    Args:
+        buf: uint8 array of whole lines, the last ending in b'\\n'.
+        first_line: the 1-based line number of buf's first line (for `Block.line`, reports).
+
+    Returns:
+        A `Block`: the valid lines' columns, and the malformed lines with their reasons.
 
     Clean chunks go through pyarrow's multi-threaded CSV reader (about 1M lines/s on two
     cores); a chunk that pyarrow rejects, or whose categoricals are not all 8 hex digits, is
     parsed again by the NumPy parser, which pins each malformed line and its reason.
+
+    Example:
+        >>> line = "\\t".join(["1"] + ["7"] * 13 + ["0000000a"] * 26) + "\\n"
+        >>> b = parse_block(np.frombuffer((line + "bad\\n").encode(), np.uint8), 5)
+        >>> b.line.tolist(), b.ints[0, 0], b.bad_line.tolist()
+        ([5], 7, [6])
     """
     block = _parse_fast(buf, first_line)
     return block if block is not None else _parse_slow(buf, first_line)
@@ -265,7 +290,13 @@ def _parse_slow(buf: np.ndarray, first_line: int) -> Block:
                  bad_reason=[reasons[i] for i in order])
 
 
-def _as_paths(src) -> list[Path]:
+def as_paths(src) -> list[Path]:
+    """`src` (a path, or a non-empty list of paths) as a list of `Path`.
+
+    Example:
+        >>> as_paths("day.txt"), as_paths(["a.txt", "b.txt"])[1]
+        ([PosixPath('day.txt')], PosixPath('b.txt'))
+    """
     if isinstance(src, (str, os.PathLike)):
         return [Path(src)]
     paths = [Path(p) for p in src]
@@ -299,9 +330,9 @@ def read_chunks(src, *, chunk_bytes: int = 32 << 20, on_error: str = "fail",
     """
     if on_error not in ("fail", "skip"):
         raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}")
-    for path in _as_paths(src):
-        for first, buf, _ in _iter_byte_chunks(path, chunk_bytes):
-            block = _parse(buf, first)
+    for path in as_paths(src):
+        for first, buf, _ in iter_byte_chunks(path, chunk_bytes):
+            block = parse_block(buf, first)
             if len(block.bad_line):
                 if errors is not None:
                     errors.extend((str(path), int(l), r)
@@ -314,7 +345,7 @@ def read_chunks(src, *, chunk_bytes: int = 32 << 20, on_error: str = "fail",
 def count_lines(src, chunk_bytes: int = 64 << 20) -> int:
     """Number of lines (a last line without a newline counts) in one file or a list of files."""
     total = 0
-    for path in _as_paths(src):
+    for path in as_paths(src):
         last = b"\n"
         with _open(path) as f:
             while data := f.read(chunk_bytes):
@@ -324,7 +355,16 @@ def count_lines(src, chunk_bytes: int = 64 << 20) -> int:
     return total
 
 
-def _select(block: Block, sel: np.ndarray) -> Block:
+def select_rows(block: Block, sel: np.ndarray) -> Block:
+    """The valid lines of `block` that `sel` (a bool mask or indices) picks; the malformed-line
+    report is kept whole.
+
+    Example:
+        >>> line = "\\t".join(["1"] + ["7"] * 13 + ["0000000a"] * 26) + "\\n"
+        >>> b = parse_block(np.frombuffer((line * 3).encode(), np.uint8), 1)
+        >>> select_rows(b, b.line >= 2).line.tolist()
+        [2, 3]
+    """
     return Block(line=block.line[sel], label=block.label[sel], ints=block.ints[sel],
                  int_missing=block.int_missing[sel], cats=block.cats[sel],
                  cat_missing=block.cat_missing[sel], bad_line=block.bad_line,

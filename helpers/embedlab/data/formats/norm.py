@@ -38,7 +38,9 @@ from ..._io import FormatError, atomic_dir, atomic_file, write_file_list
 from ..criteo.layout import LABEL
 from .parquet import parquet_files, schema_columns
 
-_KEY_DTYPES = {"uint32": np.dtype("<u4"), "int64": np.dtype("<i8")}
+# The key types a Norm file or keyset may hold, by name (HugeCTR: uint32, or int64 with
+# `i64_input_key`), as little-endian NumPy dtypes.
+KEY_DTYPES = {"uint32": np.dtype("<u4"), "int64": np.dtype("<i8")}
 _HEADER = struct.Struct("<8q")
 
 
@@ -106,7 +108,7 @@ def write_norm(path, label, dense, slots, *, error_check: bool = True,
         >>> p.stat().st_size                  # framed header 69 + 2 framed records of 16 + 5 bytes
         111
     """
-    header, body = _norm_bytes(label, dense, slots, error_check=error_check, key_type=key_type)
+    header, body = norm_bytes(label, dense, slots, error_check=error_check, key_type=key_type)
     with atomic_file(path) as tmp:
         with open(tmp, "wb") as f:
             f.write(header.tobytes())
@@ -114,11 +116,27 @@ def write_norm(path, label, dense, slots, *, error_check: bool = True,
     return Path(path)
 
 
-def _norm_bytes(label, dense, slots, *, error_check, key_type):
-    """The bytes of one Norm file (see `write_norm`): (header, body) as uint8 arrays."""
-    if key_type not in _KEY_DTYPES:
+def norm_bytes(label, dense, slots, *, error_check: bool, key_type: str):
+    """The bytes of one Norm file, unwritten: what `write_norm` writes, for writers of their own.
+
+    Args:
+        label, dense, slots, error_check, key_type: as `write_norm` takes them.
+
+    Returns:
+        (header, body) as uint8 arrays; the file is their concatenation.
+
+    Raises:
+        ValueError: as `write_norm`.
+
+    Example:
+        >>> header, body = norm_bytes([1.0, 0.0], [[0.5], [0.25]], [[3, 4]], error_check=True,
+        ...                           key_type="uint32")
+        >>> len(header), len(body)
+        (69, 42)
+    """
+    if key_type not in KEY_DTYPES:
         raise ValueError(f"write_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
-    kdt = _KEY_DTYPES[key_type]
+    kdt = KEY_DTYPES[key_type]
     label = np.asarray(label, dtype=np.float32)
     label = label[:, None] if label.ndim == 1 else label
     if label.ndim != 2:
@@ -176,7 +194,25 @@ class NormData:
     error_check: bool
 
 
-def _read_header(path, raw):
+def read_header(path, raw: np.ndarray) -> tuple[bool, int, int, int, int, int]:
+    """Parse and check the header of a Norm file's bytes (framing, checksum, sane sizes).
+
+    Args:
+        path: the file's name, for messages.
+        raw: the file's bytes (at least the header) as a uint8 array.
+
+    Returns:
+        (error_check, records, label_dim, dense_dim, slot_num, byte offset of the first record).
+
+    Raises:
+        FormatError: a truncated or corrupt header, naming `path`.
+
+    Example:
+        >>> import tempfile
+        >>> p = write_norm(Path(tempfile.mkdtemp()) / "t.data", [1.0, 0.0], [[0.5], [0.25]], [[3, 4]])
+        >>> read_header(p, np.fromfile(p, np.uint8))
+        (True, 2, 1, 1, 1, 69)
+    """
     if len(raw) < 8:
         raise FormatError(f"{path}: truncated header: file has {len(raw)} bytes")
     first = int(raw[:8].view("<i8")[0])
@@ -230,12 +266,12 @@ def read_norm(path, *, key_type: str = "uint32") -> NormData:
         >>> d.dense[:, 0].tolist(), d.slots[0][1].tolist(), d.error_check
         ([0.5, 0.25], [3, 4], True)
     """
-    if key_type not in _KEY_DTYPES:
+    if key_type not in KEY_DTYPES:
         raise ValueError(f"read_norm: key_type must be 'uint32' or 'int64', got {key_type!r}")
-    kdt = _KEY_DTYPES[key_type]
+    kdt = KEY_DTYPES[key_type]
     path = Path(path)
     raw = np.fromfile(path, dtype=np.uint8)
-    check, n, label_dim, dense_dim, slot_num, pos = _read_header(path, raw)
+    check, n, label_dim, dense_dim, slot_num, pos = read_header(path, raw)
     fixed = 4 * (label_dim + dense_dim)
     ks = kdt.itemsize
     frame = 5 if check else 0
@@ -330,15 +366,29 @@ def _read_norm_walk(path, raw, check, n, label_dim, dense_dim, slot_num, pos, kd
 
 def write_keyset(path, keys, *, key_type: str = "uint32") -> Path:
     """Write a keyset file: the unique keys, raw little-endian `key_type`, sorted (atomic)."""
-    data = _keyset_bytes(keys, key_type)
+    data = keyset_bytes(keys, key_type)
     with atomic_file(path) as tmp:
         data.tofile(tmp)
     return Path(path)
 
 
-def _keyset_bytes(keys, key_type):
-    """The contents of a keyset file (see `write_keyset`) as an array of `key_type`."""
-    kdt = _KEY_DTYPES[key_type]
+def keyset_bytes(keys, key_type: str) -> np.ndarray:
+    """The contents of a keyset file (what `write_keyset` writes), unwritten.
+
+    Args:
+        keys: integer keys, any order, duplicates allowed. key_type: "uint32" or "int64".
+
+    Returns:
+        The sorted unique keys as a `KEY_DTYPES[key_type]` array (`.tobytes()` is the file).
+
+    Raises:
+        ValueError: a key outside `key_type`.
+
+    Example:
+        >>> keyset_bytes([5, 1, 5], "uint32").tolist()
+        [1, 5]
+    """
+    kdt = KEY_DTYPES[key_type]
     keys = np.unique(np.asarray(keys))
     if len(keys) and (keys.min() < 0 or keys.max() > np.iinfo(kdt).max):
         raise ValueError(f"write_keyset: keys outside {key_type}")
@@ -347,7 +397,7 @@ def _keyset_bytes(keys, key_type):
 
 def read_keyset(path, *, key_type: str = "uint32") -> np.ndarray:
     """Read a keyset file written by `write_keyset` (or HugeCTR's criteo2hugectr)."""
-    kdt = _KEY_DTYPES[key_type]
+    kdt = KEY_DTYPES[key_type]
     raw = np.fromfile(path, dtype=np.uint8)
     if len(raw) % kdt.itemsize:
         raise FormatError(f"{path}: {len(raw)} bytes is not a whole number of {key_type} keys")
@@ -397,18 +447,18 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
     import pyarrow.parquet as pq
     from .._progress import tqdm
     files = parquet_files(src)
-    slots, slot_cols, dense = _norm_columns(files[0], slots, dense)
+    slots, slot_cols, dense = norm_columns(files[0], slots, dense)
     out_dir = Path(out_dir)
     lists = []
     with atomic_dir(out_dir) as tmp:
         data_files, keysets = [], []
 
         def emit(table):
-            label, den, sl = _norm_arrays(table, slots, dense, slot_cols)
+            label, den, sl = norm_arrays(table, slots, dense, slot_cols)
             name = f"{prefix}_{len(data_files)}.data"
             write_norm(tmp / name, label, den, sl, error_check=error_check, key_type=key_type)
             data_files.append(name)
-            keysets.append(_unique_keys(sl))
+            keysets.append(unique_keys(sl))
 
         pending = None
         with tqdm(total=sum(pq.ParquetFile(f).metadata.num_rows for f in files), unit="rows",
@@ -425,22 +475,45 @@ def parquet_to_norm(src, out_dir, *, samples_per_file: int = 40_960,
                     bar.update(len(batch))
             if pending is not None and len(pending):
                 emit(pending)
-        for k, g in enumerate(_list_groups(len(data_files), files_per_list)):
-            stem = _list_stem(k, files_per_list)
+        for k, g in enumerate(list_groups(len(data_files), files_per_list)):
+            stem = list_stem(k, files_per_list)
             write_file_list(tmp / f"{stem}.txt", [out_dir / data_files[i] for i in g])
-            write_keyset(tmp / f"{stem}.keyset", _group_keys([keysets[i] for i in g]),
+            write_keyset(tmp / f"{stem}.keyset", merge_keys([keysets[i] for i in g]),
                          key_type=key_type)
             lists.append(out_dir / f"{stem}.txt")
-        (tmp / "norm_meta.json").write_text(_norm_meta(slots, dense, key_type, error_check,
+        (tmp / "norm_meta.json").write_text(norm_meta(slots, dense, key_type, error_check,
                                                        samples_per_file, data_files))
     return lists
 
 
-# Pieces of parquet_to_norm, shared with the per-part conversion on a Dask cluster
-# (criteo.etl_dask.parquet_to_norm), so that both write the same bytes.
+# The steps of parquet_to_norm, public for conversions that run elsewhere (per part on a Dask
+# cluster: criteo.etl_dask.parquet_to_norm) and must write the same bytes:
+#   norm_columns (once) -> per data file: norm_arrays -> norm_bytes, unique_keys
+#   -> per file list (list_groups, list_stem): merge_keys -> keyset_bytes -> norm_meta (once).
 
-def _norm_columns(first_file, slots, dense):
-    """(slots, slot_cols, dense) of a conversion: the defaults read from `first_file`'s schema."""
+def norm_columns(first_file, slots, dense) -> tuple[list, list, list]:
+    """The columns of a conversion: `parquet_to_norm`'s `slots` / `dense` defaults resolved.
+
+    Args:
+        first_file: the first parquet file (its schema gives the defaults).
+        slots, dense: as `parquet_to_norm` takes them (None: every integer/list column, every
+            float column but the label).
+
+    Returns:
+        (slots, slot_cols, dense): slots in slot order (a multi-hot slot is a list of columns),
+        the distinct columns they read, in first-use order, and the dense columns.
+
+    Raises:
+        ValueError: an empty multi-hot slot, or no label column.
+
+    Example:
+        >>> import tempfile
+        >>> from embedlab.data.formats import write_parquet
+        >>> p = write_parquet(Path(tempfile.mkdtemp()) / "a.parquet", {"label": np.zeros(2, np.float32),
+        ...                   "I1": np.ones(2, np.float32), "C1": np.arange(2), "C2": np.arange(2)})
+        >>> norm_columns(p, [["C1", "C2"], "C1"], None)
+        ([['C1', 'C2'], 'C1'], ['C1', 'C2'], ['I1'])
+    """
     import pyarrow.parquet as pq
     cols = schema_columns(pq.read_schema(first_file))
     slots = ([list(c) if isinstance(c, (list, tuple)) else c for c in slots] if slots is not None
@@ -455,8 +528,24 @@ def _norm_columns(first_file, slots, dense):
     return slots, slot_cols, dense
 
 
-def _norm_arrays(table, slots, dense, slot_cols):
-    """(label, dense, slots) of one Norm file's records, as `write_norm` takes them."""
+def norm_arrays(table, slots, dense, slot_cols) -> tuple:
+    """One data file's records from a pyarrow table, as `write_norm` / `norm_bytes` take them.
+
+    Args:
+        table: the rows (a `pyarrow.Table` holding the label, `dense` and `slot_cols`).
+        slots, dense, slot_cols: from `norm_columns`.
+
+    Returns:
+        (label [n], dense [n, len(dense)], slots): a slot is a key array (one key per row) or a
+        (row_splits, values) pair (list columns and multi-hot slots).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> t = pa.table({"label": [1.0], "I1": [0.5], "C1": [7], "C2": [9]})
+        >>> label, dense, slots = norm_arrays(t, [["C1", "C2"]], ["I1"], ["C1", "C2"])
+        >>> dense.tolist(), [a.tolist() for a in slots[0]]
+        ([[0.5]], [[0, 2], [7, 9]])
+    """
     import pyarrow as pa
     d = {c: table.column(c).combine_chunks() for c in [LABEL] + dense + slot_cols}
 
@@ -473,29 +562,57 @@ def _norm_arrays(table, slots, dense, slot_cols):
     return d[LABEL].to_numpy(), den, sl
 
 
-def _unique_keys(sl):
-    """The unique keys of one Norm file's slots."""
+def unique_keys(sl) -> np.ndarray:
+    """The sorted unique keys of one data file's slots (`norm_arrays`' third value).
+
+    Example:
+        >>> unique_keys([np.array([3, 1]), (np.array([0, 1, 2]), np.array([3, 8]))]).tolist()
+        [1, 3, 8]
+    """
     return (np.unique(np.concatenate([s[1] if isinstance(s, tuple) else s for s in sl]))
             if sl else np.empty(0))
 
 
-def _list_groups(n_files, files_per_list):
-    """The data files (indices) of each file list."""
+def list_groups(n_files: int, files_per_list: int | None) -> list[list[int]]:
+    """The data files (indices) of each file list: all in one, or `files_per_list` per list.
+
+    Example:
+        >>> list_groups(5, 2), list_groups(3, None)
+        ([[0, 1], [2, 3], [4]], [[0, 1, 2]])
+    """
     return ([list(range(n_files))] if not files_per_list else
             [list(range(i, min(i + files_per_list, n_files)))
              for i in range(0, n_files, files_per_list)])
 
 
-def _list_stem(k, files_per_list):
+def list_stem(k: int, files_per_list: int | None) -> str:
+    """The name, without suffix, of file list `k` and its keyset (`.txt`, `.keyset`).
+
+    Example:
+        >>> list_stem(0, None), list_stem(3, 2)
+        ('file_list', 'file_list.3')
+    """
     return "file_list" if not files_per_list else f"file_list.{k}"
 
 
-def _group_keys(keysets):
-    """The keys of one file list's keyset, from its files' unique keys."""
+def merge_keys(keysets) -> np.ndarray:
+    """The keys of one file list's keyset (int64, sorted, unique) from its files' `unique_keys`.
+
+    Example:
+        >>> merge_keys([np.array([1, 3]), np.array([3, 8])]).tolist()
+        [1, 3, 8]
+    """
     return (np.unique(np.concatenate(keysets)) if keysets else np.empty(0)).astype(np.int64)
 
 
-def _norm_meta(slots, dense, key_type, error_check, samples_per_file, data_files):
+def norm_meta(slots, dense, key_type, error_check, samples_per_file, data_files) -> str:
+    """The text of a conversion's `norm_meta.json` (what `parquet_to_norm` wrote, for readers).
+
+    Example:
+        >>> import json
+        >>> json.loads(norm_meta(["C1"], ["I1"], "uint32", True, 2, ["part_0.data"]))["files"]
+        ['part_0.data']
+    """
     return json.dumps({"slots": slots, "dense": dense, "label": LABEL, "key_type": key_type,
                        "error_check": bool(error_check), "samples_per_file": samples_per_file,
                        "files": data_files}, indent=1)
