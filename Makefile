@@ -20,17 +20,21 @@ export EMBEDLAB_CPU_ISA ?= AUTO
 # host's loopback only.
 LAB_IP ?= 127.0.0.1
 LAB_PORT ?= 8888
+# The lab's working copies of the notebooks go to $(LAB_DIR)/notebooks (git-ignored): the lab never
+# changes notebooks/ (ci/lab.sh).
+LAB_DIR ?= build/lab
 
-.PHONY: help setup run test test-py test-nb lab lab-test docker-test bench bench-peers clean FORCE
+.PHONY: help setup run test test-py test-nb lab lab-test docker-test bench bench-peers docs clean FORCE
 help:
 	@echo "make setup  create .venv, install requirements.txt, build and install helpers/ (idempotent)"
 	@echo "make run    setup, then execute every notebook into build/notebooks (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small})"
 	@echo "make test   setup, then pytest helpers/ and nbval on every notebook (EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-ci})"
-	@echo "make lab    setup, then JupyterLab on $(LAB_IP):$(LAB_PORT) with token auth"
+	@echo "make lab    setup, then JupyterLab on $(LAB_IP):$(LAB_PORT) with token auth, on copies of the notebooks in $(LAB_DIR)/notebooks"
 	@echo "make lab-test     start \`make lab\` and run notebook 01 in it with headless Chromium"
 	@echo "make docker-test  build docker/Dockerfile.cpu, start it with its own CMD, browser-test its lab"
 	@echo "make bench  setup, then the benchmark scripts in helpers/benchmarks"
 	@echo "make bench-peers  lookup_cpu.py beside torch's EmbeddingBag (torch CPU wheel in $(PEERS_VENV), never in .venv)"
+	@echo "make docs   setup, then the documentation site into build/docs (renders the notebooks of \`make run\`)"
 	@echo "make clean  remove build outputs and empty data/cache/"
 
 setup: $(VENV)/.requirements $(VENV)/.embedlab
@@ -68,10 +72,11 @@ $(VENV)/.embedlab: $(VENV)/.requirements $(VENV)/.build-options $(HELPERS_SRC)
 
 # One line per notebook with its time. A failing notebook is still written (with its error) to RUN_DIR,
 # the run stops there with a non-zero exit, and the message names the notebook, the cell and the error.
+# The kernels' own logs go to build/logs/notebooks (beside RUN_DIR: RUN_DIR/../logs/<name of RUN_DIR>).
 RUN_DIR ?= build/notebooks
 run: setup
 	@export EMBEDLAB_SCALE=$${EMBEDLAB_SCALE:-small}; $(PY) ci/run_notebooks.py --output-dir $(RUN_DIR) $(NOTEBOOKS)
-	@echo "Open them with: make lab  (or jupyter lab $(RUN_DIR))"
+	@echo "Open them with: make lab (they are in $(RUN_DIR)/ of its file browser), or jupyter lab $(RUN_DIR)"
 
 test: setup test-py test-nb
 
@@ -96,7 +101,7 @@ test-nb:
 # Token authentication stays on and the server binds to LAB_IP; --allow-root is added only when
 # running as root (containers, many lab machines), where Jupyter refuses to start without it.
 lab: setup
-	LAB_IP=$(LAB_IP) LAB_PORT=$(LAB_PORT) bash ci/lab.sh
+	LAB_IP=$(LAB_IP) LAB_PORT=$(LAB_PORT) LAB_DIR=$(LAB_DIR) bash ci/lab.sh
 
 # The lab as a learner sees it: `make lab` started for real, driven by headless Chromium.
 lab-test: setup
@@ -143,6 +148,18 @@ bench-peers: setup
 	    || echo "   fbgemm-gpu-cpu did not install for this torch: its column is left out"; \
 	  touch $(PEERS_VENV)/.torch; fi
 	$(PEERS_VENV)/bin/python helpers/benchmarks/lookup_cpu.py $(PEERS_ARGS)
+
+# The documentation site (docs/, Sphinx + MyST-NB) into build/docs/: warnings are errors, then every internal link
+# is checked. It renders the executed notebooks of `make run` (build/notebooks/, or DOCS_NOTEBOOKS) without running
+# them, and stops with an error naming `make run` when they are missing.
+DOCS_NOTEBOOKS ?= build/notebooks
+.PHONY: docs
+docs: setup
+	@missing=""; for nb in $(notdir $(NOTEBOOKS)); do [ -f "$(DOCS_NOTEBOOKS)/$$nb" ] || missing="$$missing $$nb"; done; \
+	  if [ -n "$$missing" ]; then echo "make docs: no executed copy in $(DOCS_NOTEBOOKS)/ of:$$missing. Run \`make run\` first (it writes them)." >&2; exit 1; fi
+	rm -rf build/docs
+	EMBEDLAB_NOTEBOOKS_DIR="$(abspath $(DOCS_NOTEBOOKS))" $(PY) -m sphinx -W --keep-going -n -q -b html docs build/docs
+	$(PY) ci/check_docs_links.py build/docs
 
 # Serve notebook 05's export with tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002)
 # until Ctrl-C; run notebook 05 (the export) first. Options: $(PY) -m embedlab.serving --help

@@ -1,8 +1,9 @@
-"""Where a benchmark writes its JSON: results/<benchmark>_<machine>_<date>.json.
+"""Where a benchmark writes its JSON: docs/benchmarks/results/<benchmark>_<machine>_<date>.json.
 
 `machine` is a short slug of the hardware that ran it (`amd-epyc-2c`, `nvidia-h100`, ...),
 `date` the UTC time of the run (`2026-11-23T0052Z`), so runs never overwrite each other and
-RESULTS.md can cite each file by name.
+the documentation's benchmarks page (docs/benchmarks/, its tables and plots generated from
+these files by docs/benchmarks/generate.py) can cite each file by name.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import re
 import time
 from pathlib import Path
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "results"
 
 
 def slug(text: str) -> str:

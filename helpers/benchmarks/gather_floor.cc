@@ -6,11 +6,11 @@
 //
 // The floor ("plain read"): every key's table row read whole (all its cache lines) and summed
 // into registers, nothing stored, the rows prefetched `distance` keys ahead with a PREFETCHT0
-// (into L1, FBGEMM's hint) or PREFETCHT2 (the kernels' earlier hint). It does less than any
+// (into L1, FBGEMM's hint) or PREFETCHT2 (into L3). It does less than any
 // forward (no output rows, no offsets, no checks), so no forward reading these rows can be faster;
-// every distance x hint pair is timed and the fastest is the floor. The plain gather of the old
-// floor (each row copied into a buffer of the same size) is kept for reference: its stores double
-// the memory traffic at dims 64-128, so it is slower than the forward there and was never a floor.
+// every distance x hint pair is timed and the fastest is the floor. A plain gather (each row
+// copied into a buffer of the same size) is kept for reference only: its stores double the memory
+// traffic at dims 64-128, so it is slower than the forward there and is no floor.
 //
 // Tables: `tables` x `rows` x `dim` float32 in one buffer, on transparent huge pages (as EmbedLab
 // advises its tables; `pages`=huge) or on 4 KiB pages (`pages`=4k, what torch's allocator gives).

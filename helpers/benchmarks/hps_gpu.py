@@ -35,7 +35,7 @@ every insert() of the misses does between two lookups of serving; then every hit
 stamp): "after insert" is that graph's time per lookup minus the advance kernel's own (timed
 alone, in a graph of its own).
 
-Prints a table and writes JSON to helpers/benchmarks/results/hps_gpu_<gpu>_<UTC time>.json
+Prints a table and writes JSON to docs/benchmarks/results/hps_gpu_<gpu>_<UTC time>.json
 (the same name under $OUT if OUT is set).
 """
 from __future__ import annotations

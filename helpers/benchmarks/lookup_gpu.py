@@ -26,7 +26,7 @@ and as a fraction of the measured copy bandwidth. Our kernels are timed with che
 device-side key check syncs the stream); one row shows what check=True costs.
 
 Prints a table and writes JSON to $OUT/lookup_gpu_<gpu>_<date>.json if OUT is set, else to
-helpers/benchmarks/results/lookup_gpu_<gpu>_<date>.json (e.g. lookup_gpu_nvidia-h100_2026-11-22T0057Z.json).
+docs/benchmarks/results/lookup_gpu_<gpu>_<date>.json (e.g. lookup_gpu_nvidia-h100_2026-11-22T0057Z.json).
 """
 from __future__ import annotations
 

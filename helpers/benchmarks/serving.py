@@ -16,7 +16,7 @@ point). Its client threads share the machine with the server, so on a small mach
 numbers are a lower bound. Every point runs `--rounds` times, interleaved with the others, and
 the median is reported (slow phases of a shared machine hit all points alike).
 
-Prints a table and writes JSON under helpers/benchmarks/results/serving_<machine>_<date>.json.
+Prints a table and writes JSON under docs/benchmarks/results/serving_<machine>_<date>.json.
 
     .venv/bin/python helpers/benchmarks/serving.py                  # after notebook 05
     .venv/bin/python helpers/benchmarks/serving.py --seconds 1 --rounds 1 --no-tf

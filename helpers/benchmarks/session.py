@@ -15,7 +15,7 @@ model-oversubscription pass switch.
     # embedding-heavy tables: keep every id (vocabulary 830,084 at 2M rows), narrow MLP only
     python helpers/benchmarks/session.py --rows 2000000 --freq-threshold 1 --wide 0
 
-Prints a table and writes `helpers/benchmarks/results/session_<machine>_<date>T<time>Z.json`
+Prints a table and writes `docs/benchmarks/results/session_<machine>_<date>T<time>Z.json`
 (`session_oversub_...` with `--skip-throughput`), and a PNG of RSS next to it.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import sys
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _results import cpu_machine, default_out  # noqa: E402
+from _results import RESULTS_DIR, cpu_machine, default_out  # noqa: E402
 
 import numpy as np
 
@@ -228,7 +228,7 @@ def main():
     ap.add_argument("--passes", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds of the throughput runs")
     ap.add_argument("--skip-throughput", action="store_true")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args()
     import embedlab
     tf = embedlab.import_tensorflow()

@@ -1,7 +1,7 @@
 """embedlab.sok benchmark, Criteo shape: 26 tables, dim 16, batch 4,096 per worker, 1-3 keys per
 sample drawn uniformly.
 
-Modes (one JSON per run under helpers/benchmarks/results/sok_<mode>_<machine>_<date>.json):
+Modes (one JSON per run under docs/benchmarks/results/sok_<mode>_<machine>_<date>.json):
 
 * `--mode local` (1 worker, one process): a train step (forward, backward, SGD) of
   `sok.lookup_sparse` over 26 `sok.Variable`s updated by `sok.OptimizerWrapper(embedlab SGD)`, vs
@@ -40,13 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
+import _results  # this folder: where results are written
+
 HERE = Path(__file__).resolve().parent
 T, DIM, BATCH = 26, 16, 4096
 
 
 def _out_path(mode, machine):
     d = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d")
-    return HERE / "results" / f"sok_{mode}_{machine}_{d}.json"
+    return _results.RESULTS_DIR / f"sok_{mode}_{machine}_{d}.json"
 
 
 def make_batches(rng, rows, count, batch=BATCH):

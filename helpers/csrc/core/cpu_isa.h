@@ -35,11 +35,9 @@ const char* cpu_isa_name(CpuIsa isa);
 const char* cpu_isas_built();
 
 // Where the forward's software prefetches put the table rows it is about to read: true for L2
-// (PREFETCHT1), false for L1 (PREFETCHT0, FBGEMM's choice). Which is faster depends on the core:
-// on the 2-core AMD EPYC VM a plain read of the forward's random rows, and the forward itself,
-// ran fastest into L1 on a Zen 5 host and into L2 on a Zen 4 one (the forward at dim 16: 0.88-1.10
-// against 1.61-1.65 ms; helpers/benchmarks/RESULTS.md, lookup_cpu, *on a Zen 4 host*). Chosen
-// once: L2 on Zen 4 (AMD family 0x19, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf), L1 elsewhere,
+// (PREFETCHT1), false for L1 (PREFETCHT0, FBGEMM's choice). The faster level depends on the core
+// (docs/benchmarks/index.md), so it is chosen once, when the library loads: L2 on AMD Zen 4
+// (family 0x19, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf), L1 elsewhere,
 // unless the environment variable EMBEDLAB_PREFETCH_LEVEL says `l1` or `l2` (embedlab._native
 // rejects other values before a library loads). Never changes results, only speed.
 // Read per key by the forward, hence an inline load of a flag set when the library loads.

@@ -56,8 +56,8 @@ const CpuIsa g_isa_at_load = cpu_isa();
 }  // namespace
 
 namespace {
-// Zen 4 (AMD family 0x19, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf): the one core measured faster
-// with the forward's prefetches into L2 (cpu_isa.h).
+// Zen 4 (AMD family 0x19, models 0x10-0x1f, 0x60-0x7f, 0xa0-0xaf): the core whose forward runs
+// faster with its prefetches into L2 (cpu_isa.h).
 bool is_zen4() {
 #if defined(__x86_64__) || defined(__i386__)
   unsigned a = 0, b = 0, c = 0, d = 0;

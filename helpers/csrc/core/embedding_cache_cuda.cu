@@ -12,21 +12,17 @@
 // Proving the key is a second random DRAM access per hit: at dims <= 16 the key is kept beside
 // its row (one 80-byte record at dim 16, in two adjacent 64-byte blocks where the row alone is
 // one), at larger dims in its own array (one 32-byte sector against the row's 512 bytes at dim
-// 128; a record [row | key] measured no faster, 544 or 640 bytes), loaded evict_last like the
+// 128, where a record [row | key] of 544 or 640 bytes is no faster), loaded evict_last like the
 // tags, so that the part of the keys that L2 holds saves the DRAM access. That access, not the
-// tags, bounds the hit path at dim 16 (RESULTS.md, hps: records of 96 or 128 bytes, key and row
-// in one 128-byte line, measured 68-72 % of the gather, static, where the 80-byte record gives
-// 68 %). A
+// tags, bounds the hit path at dim 16, and padding the record to keep key and row in one
+// 128-byte line does not remove it. A
 // dynamic cache keeps each way's stamp in a sector the hit reads anyway (embedding_cache.h): at
 // dims > 16 in the slot word it compares instead of the key, which one load brings and which
 // stays in L2 (evict_last) for the stamp write, so that a dynamic hit reads no more sectors than
 // a static one. From 65,536 sets on that word is 8 bytes (48 bits of the key's hash and the
-// stamp; 33.5 MB at 4.2 M slots, as the keys): dim 128, H100, 0.673-0.675 ms against 0.678-0.680
-// with 16-byte words {key, stamp} (67 MB), and 0.712 against 0.723 ms after an insert; stamps
-// beside the tags, 32 bytes per set, 16.8 MB, took 0.735 ms in an earlier version of this kernel.
-// At dims <= 16 the stamps lie beside the set's tags in one 32-byte sector per set, which there
-// measured faster after an insert than a stamp in the record (0.206 against 0.226-0.245 ms:
-// every hit then dirties its own record sector, against one sector per set). One "group" of G
+// stamp; 33.5 MB at 4.2 M slots, as the keys), half a {key, stamp} word, so more of it stays in L2.
+// At dims <= 16 the stamps lie beside the set's tags in one 32-byte sector per set, so that the
+// hits after an insert dirty one sector per set rather than each its own record's. One "group" of G
 // lanes serves one key (G = 4 at dim 16, one 16-byte piece of the row per lane; G = 16 at dim
 // 128, two pieces per lane), one group per key in the grid, so all loads of a batch are in
 // flight at once. Dynamic caches write the epoch (a device counter that only insert() advances)
@@ -211,13 +207,10 @@ __device__ __forceinline__ uint32_t age(uint32_t epoch, uint16_t stamp) {
 // One group of G lanes per key. T is float4 (dim % 4 == 0, 16-byte aligned out) or float; each
 // lane holds up to SPEC of its row's elements in registers, loaded together with the key of the
 // candidate way (the rest, for dims past G * SPEC elements, is copied once the key is proven).
-// Rows of at most G elements take SPEC = 1: fewer registers, more keys in flight per SM (dim 16:
-// 0.165 against 0.181 ms with SPEC = 4, H100). Longer rows take SPEC = 2 with a register cap
-// (EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS blocks of 256 threads per SM): dim 128 with G = 16 ran at
-// 0.678 ms where G = 8, SPEC = 4 (40 to 48 registers) took 0.680-0.690 and G = 32, SPEC = 1 0.695
-// (H100 microbenchmark, 2026-11-25). Uncapped, a dynamic cache's G = 16 kernel took 0.784 against
-// 0.704 ms capped at 8 blocks (hps_gpu.py, an earlier version of this kernel); 6, 7 and 8 blocks
-// ran within 0.5 % of each other (dynamic 0.683-0.686 ms, static 0.676-0.681 ms).
+// Rows of at most G elements take SPEC = 1: fewer registers, more keys in flight per SM. Longer
+// rows take SPEC = 2 with a register cap (EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS blocks of 256 threads
+// per SM), the fastest of the (G, SPEC) pairs at dim 128, because without the cap the kernel's
+// registers leave too few keys in flight (docs/benchmarks/index.md, HPS embedding cache).
 constexpr int kSpec = 2;
 #ifndef EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS
 #define EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS 8
@@ -435,8 +428,8 @@ int lanes_for(int64_t vecs) {
 
 // Lookup: lanes per key so that each lane holds up to kSpec elements of the row, and at least
 // 64 contiguous bytes per load instruction of a group (4 lanes of float4, 16 of float): a row
-// read in 16-byte pieces by separate instructions reached DRAM as separate 32-byte requests and
-// ran slower (dim 16: 0.214 against 0.178 ms at 65,536 x 26 keys, H100).
+// read in 16-byte pieces by separate instructions reaches DRAM as separate 32-byte requests,
+// which is slower.
 int lookup_lanes_for(int64_t vecs, bool vec4) {
   int g = vec4 ? 4 : 16;
   while (g < 32 && g * kSpec < vecs) g *= 2;

@@ -14,11 +14,9 @@
 //
 // Compiled once per instruction set (CMakeLists.txt, cpu_isa.h, cpu_isa_kernels.h): into
 // namespace embedlab::baseline, with EMBEDLAB_ISA_AVX2 into embedlab::avx2 and with
-// EMBEDLAB_ISA_AVX512 into embedlab::avx512. AVX2's 32-byte loads, adds and stores halve the
-// memory instructions per table row: at dims 64 and 128 the SSE2 forward ran 11-28 % above a
-// plain gather of the same rows and the AVX2 one at or below it (helpers/benchmarks/
-// gather_floor.cc, 2-core AMD EPYC VM); the AVX-512 copy halves them again (64-byte vectors), and
-// its forward ran 9 % faster than AVX2's at dim 64 (2.20 -> 2.00 ms, 95 % of the plain read).
+// EMBEDLAB_ISA_AVX512 into embedlab::avx512. Each wider copy (AVX2's 32-byte, AVX-512's 64-byte
+// vectors) halves the memory instructions per table row, which brings the forward at dims 64 and
+// 128 to the speed of a plain gather of the same rows (helpers/benchmarks/gather_floor.cc).
 // Every copy does the same float operations in the same order and nothing is contracted into an
 // FMA (-ffp-contract=off), so they give the same bits.
 #include <algorithm>
@@ -48,9 +46,8 @@ namespace EMBEDLAB_ISA_NS {
 namespace {
 
 // How many keys ahead the forward prefetches: about 128 cache lines of rows in flight, at least
-// 16 keys (FBGEMM's distance) and at most 64. A plain read of the forward's random rows was
-// fastest at 64 keys ahead for 64-byte rows, 32 for 256-byte ones and 16 for 512-byte ones
-// (gather_floor.cc on the 2-core AMD EPYC VM: at dim 16, 0.41 ms at 64 keys vs 0.80 at 16).
+// 16 keys (FBGEMM's distance) and at most 64, because a plain read of random rows is fastest
+// with more keys ahead the shorter the rows are (helpers/benchmarks/gather_floor.cc).
 constexpr int64_t forward_prefetch_distance(int64_t dim) {
   const int64_t lines = (dim * 4 + 63) / 64;
   const int64_t d = 128 / (lines > 0 ? lines : 1);
@@ -62,11 +59,8 @@ inline void prefetch_row(const float* row, int64_t dim) {
   // One prefetch per 64-byte line; rows longer than 256 floats only get their head fetched,
   // the hardware prefetcher follows sequential lines from there. Into L1 (PREFETCHT0, the hint
   // FBGEMM's EmbeddingSpMDM uses) or L2 (PREFETCHT1), as forward_prefetch_to_l2() chose for this
-  // core (cpu_isa.h): on a Zen 5 host a plain read of the forward's random rows took 4.37 ms into
-  // L1 and 5.29 ms with PREFETCHT2 at dim 128, 16 keys ahead; on a Zen 4 host the forward itself
-  // took 4.62-5.80 ms into L1 and 3.47-4.66 ms into L2 at dim 64 (gather_floor.cc, 2-core AMD EPYC
-  // VM). A template argument, chosen once per call (with_prefetch_level): a branch on the flag
-  // inside the key loops made both choices 25-30 % slower there.
+  // core (cpu_isa.h). A template argument, chosen once per call (with_prefetch_level), because a
+  // branch on the flag inside the key loops slows both choices.
   const int64_t lines = std::min<int64_t>((dim * 4 + 63) / 64, 16);
   for (int64_t l = 0; l < lines; ++l) __builtin_prefetch(row + l * 16, 0, L2 ? 2 : 3);
 }
@@ -422,8 +416,8 @@ namespace {
 // whatever the split into key ranges: deterministic bits. Only the summed rows are written at
 // random; they are prefetched for writing ahead in the key stream. The rows start from zero:
 // zeroed by a memset of the range, or, with `touched` (nu flags, all 0), each at its key's
-// first contribution. The second saves a pass over fresh output memory (fill(): the two-op
-// step 1-5 % faster, in-process A/B); into apply()'s warm buffer it measured no faster.
+// first contribution. The second saves a pass over fresh output memory (fill()); a buffer that
+// is already in cache (apply()'s) gains nothing from it.
 template <int D>
 void sum_rows(const LookupGradArgs& g, const int64_t* slot_of_pos, int64_t u0, int64_t u1, float* rows,
               uint8_t* touched) {

@@ -39,8 +39,7 @@
 namespace embedlab {
 
 // Backward variant (benchmark knob, same bits): state prefetch, and min blocks per SM (1 or 4).
-// Default from the H200 sweep: prefetch on (SGD 1.03 -> 0.98 ms at 128d/1 key), no register
-// cap (capping to 64 registers spilled Adam's state: 1.67 -> 1.94 ms).
+// Default: prefetch on, the faster setting, and no register cap, which would spill Adam's state.
 bool g_backward_prefetch = true;
 int g_backward_min_blocks = 1;
 
@@ -303,10 +302,9 @@ struct FwdVariant {
 constexpr FwdVariant kForwardVariants[] = {{1, 4, 1}, {1, 4, 8}, {1, 1, 8}, {2, 1, 8},
                                            {2, 2, 4}, {2, 2, 6}, {4, 1, 4}, {4, 1, 6}};
 constexpr int kNumForwardVariants = sizeof(kForwardVariants) / sizeof(kForwardVariants[0]);
-// -1: automatic. One key per lookup is latency-bound, and R = 4 rows per group with U = 1 wins
-// (H200: 82% of copy at dim 128 vs 53% for R = 1, U = 4); many keys per lookup are not, and
-// R = 1, U = 4 at the compiler's occupancy wins (99% vs 93%). Chosen per launch from the
-// launch's mean keys per output row.
+// -1: automatic. One key per lookup is latency-bound, so R = 4 rows per group with U = 1 keeps
+// more rows in flight; many keys per lookup are not, and R = 1, U = 4 at the compiler's occupancy
+// is faster there. Chosen per launch from the launch's mean keys per output row.
 int g_forward_variant = -1;
 constexpr int kAutoFewKeys = 6;   // {4, 1, 4}
 constexpr int kAutoManyKeys = 0;  // {1, 4, 1}

@@ -67,7 +67,7 @@ class CooToCsr {
   absl::Status Convert(OpKernelContext* ctx, TfPool& pool, int in0, int out0) const {
     // Shapes checked and row_splits allocated on this thread; the row offsets (one sequential
     // pass over each table's indices, bound by memory bandwidth) computed for all tables in
-    // parallel: on one thread the other core sat idle for ~0.3 ms per step (2-core VM).
+    // parallel, so that no core sits idle while one thread converts them all.
     std::vector<int64_t*> off(n_);
     int64_t nnz = 0;
     for (int t = 0; t < n_; ++t) {

@@ -35,8 +35,7 @@ class TfPool final : public embedlab::ThreadPool {
     // are DRAM-latency bound (a random row each), so its estimate is off by an order of magnitude
     // and it under-splits. One block per thread was better than that, but a thread that is late
     // (busy with another op, or its vCPU descheduled) then holds up the whole op; with 8 blocks
-    // per thread the others take over its share. (2-core VM, dim-16 train step, interleaved
-    // in one process: 1 block/thread 12.25 ms, 2: 11.08, 4: 10.34, 8: 10.17, 16: 10.07.)
+    // per thread the others take over its share.
     constexpr int64_t kBlocksPerThread = 8;
     const int64_t blocks = std::min<int64_t>(threads * kBlocksPerThread, n);
     const int64_t per = (n + blocks - 1) / blocks;
@@ -53,9 +52,8 @@ class TfPool final : public embedlab::ThreadPool {
       return;
     }
     // The calling thread takes blocks too, with threads - 1 helpers from the pool: as many
-    // threads as the pool has, not one more. (Eigen's ParallelFor also runs a share on the
-    // caller, which made 3 busy threads on the VM's 2 vCPUs: in graph, dim-16 forward with CSR
-    // ids, 3 alternating process pairs: 3.13-3.49 ms per step with it, 2.69-2.73 ms with this.)
+    // threads as the pool has, not one more (Eigen's ParallelFor also runs a share on the
+    // caller, which makes one busy thread more than there are cores).
     const int helpers = static_cast<int>(std::min<int64_t>(threads - 1, blocks - 1));
     BlockingCounter done(helpers);
     for (int h = 0; h < helpers; ++h) {
