@@ -1,6 +1,6 @@
 """Keras optimizers whose sparse (IndexedSlices) updates run in EmbedLab's compiled kernels.
 
-`SGD`, `Adagrad` and `Adam` are Keras 3 optimizers (use them in `model.compile` or call
+`SGD`, `Adagrad`, `Adam` and `Ftrl` are Keras 3 optimizers (use them in `model.compile` or call
 `apply_gradients([(grad, variable), ...])`). For a dense gradient they do exactly what the
 Keras optimizer does. For an `IndexedSlices` gradient, such as the one `embedlab.ops` returns
 for a table, they update only the touched rows, in place, in one fused op for all tables of
@@ -10,6 +10,8 @@ a step: no dense gradient and no dense state update of the whole table ever happ
 * Adam is *lazy*: only touched rows' moments move (as in TensorFlow Addons' LazyAdam and
   SOK's Adam); bias correction uses the global step. On rows touched every step it equals
   Keras' Adam.
+* Ftrl is Keras' FTRL on the touched rows only (as TensorFlow's sparse FTRL kernels do): rows
+  a step does not touch keep their weights and state; Keras' dense step would recompute them.
 
 Duplicate indices in a gradient are summed before the update.
 
@@ -27,9 +29,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from . import _native, _tables
+from . import _native, tables as _tables
 
-__all__ = ["SGD", "Adagrad", "Adam"]
+__all__ = ["SGD", "Adagrad", "Adam", "Ftrl"]
 
 
 def _is_sparse(grad, var) -> bool:
@@ -119,7 +121,11 @@ class _SparseMixin:
             [_handle(v) for v in variables], slots, tf.cast(learning_rate, tf.float32),
             tf.constant(getattr(self, "epsilon", 0.0) or 0.0, tf.float32),
             tf.constant(getattr(self, "beta_1", 0.0), tf.float64), tf.constant(getattr(self, "beta_2", 0.0), tf.float64),
-            step, combiners=list(combiners), optimizer=name)
+            step, combiners=list(combiners), optimizer=name, **self._fused_attrs())
+
+    def _fused_attrs(self):
+        """Optimizer-specific attributes of the fused backward + update op (FTRL's)."""
+        return {}
 
     def _apply_fused_with_lookup_backward(self, pairs, learning_rate):
         """Applies the (IndexedSlices grad, variable) pairs that come straight from an EmbedLab
@@ -167,7 +173,7 @@ class _SparseMixin:
     def slot_variables(self, variable) -> list:
         """The state this optimizer keeps for `variable` (it must be built for it), as
         `tf.Variable`s in the order the compiled kernels take them: Adam [m, v], Adagrad
-        [accumulator], SGD []. Writing them (e.g. restoring rows) changes the optimizer's state."""
+        [accumulator], Ftrl [accumulator, linear], SGD []. Writing them (e.g. restoring rows) changes the optimizer's state."""
         i = self._slot_index(variable)
         return [s[i].value if isinstance(s[i], keras.Variable) else s[i] for s in self._slot_lists()]
 
@@ -300,3 +306,81 @@ class Adam(_SparseMixin, keras.optimizers.Adam):
             idx, vals, tf.cast(learning_rate, tf.float32),
             tf.constant(self.beta_1, tf.float64), tf.constant(self.beta_2, tf.float64),
             tf.constant(self.epsilon, tf.float32), tf.cast(self.iterations + 1, tf.int64))
+
+
+@keras.saving.register_keras_serializable(package="embedlab")
+class Ftrl(_SparseMixin, keras.optimizers.Ftrl):
+    """Keras 3 FTRL-Proximal; IndexedSlices gradients update the touched rows in place.
+
+    Per touched element, in Keras' float32 order (accumulator n starts at
+    `initial_accumulator_value`, linear z at 0; p = `learning_rate_power`):
+    `g' = g + 2 l2_shrinkage w; n' = n + g^2; z += g' - (n'^-p - n^-p) / lr * w;
+    w = (clip(z, -l1, l1) - z) / (n'^-p / lr + 2 (l2 + beta / (2 lr))); n = n'`.
+    Untouched rows keep w, n and z (Keras' dense step would recompute w from z on every row,
+    which sets a never-touched row to 0). Dense gradients go to Keras' own update.
+    Keras-RS's FTRL tables (`keras.optimizers.Ftrl` or `tf.tpu.experimental.embedding.FTRL`
+    in a `TableConfig`) take these hyperparameters one to one.
+
+    Args:
+        learning_rate: float or schedule, > 0.
+        learning_rate_power: <= 0 (-0.5: the square root; 0: a fixed learning rate).
+        initial_accumulator_value: >= 0, the accumulator's starting value.
+        l1_regularization_strength: >= 0.
+        l2_regularization_strength: >= 0.
+        l2_shrinkage_regularization_strength: >= 0.
+        beta: >= 0.
+        fuse_lookup_backward: fuse the update into the lookup's backward (module docstring).
+
+    Raises:
+        ValueError: a hyperparameter out of range or not finite (the message names it).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> table = tf.Variable(tf.ones([3, 1]))
+        >>> grad = tf.IndexedSlices(tf.constant([[1.0]]), tf.constant([2]), tf.constant([3, 1]))
+        >>> opt = Ftrl(learning_rate=1.0, initial_accumulator_value=0.0, l1_regularization_strength=2.0)
+        >>> _ = opt.apply_gradients([(grad, table)])
+        >>> table.numpy()[:, 0].tolist()   # |z| = 1 - 1 <= l1: row 2 is zeroed; rows 0, 1 untouched
+        [1.0, 1.0, 0.0]
+    """
+
+    def __init__(self, learning_rate=0.001, learning_rate_power=-0.5, initial_accumulator_value=0.1,
+                 l1_regularization_strength=0.0, l2_regularization_strength=0.0,
+                 l2_shrinkage_regularization_strength=0.0, beta=0.0, name="embedlab_ftrl",
+                 fuse_lookup_backward=True, **kwargs):
+        import math
+        import numbers
+        hyper = {"learning_rate_power": learning_rate_power, "initial_accumulator_value": initial_accumulator_value,
+                 "l1_regularization_strength": l1_regularization_strength,
+                 "l2_regularization_strength": l2_regularization_strength,
+                 "l2_shrinkage_regularization_strength": l2_shrinkage_regularization_strength, "beta": beta}
+        for key, value in hyper.items():
+            if not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"embedlab.optimizers.Ftrl: {key} must be a finite number, got {value!r}")
+        if beta < 0:
+            raise ValueError(f"embedlab.optimizers.Ftrl: beta must be >= 0, got beta={beta!r}")
+        if isinstance(learning_rate, numbers.Real) and not learning_rate > 0:
+            raise ValueError(f"embedlab.optimizers.Ftrl: learning_rate must be > 0, got learning_rate={learning_rate!r}")
+        # Keras checks learning_rate_power <= 0 and the others >= 0, naming each.
+        super().__init__(learning_rate=learning_rate, name=name, **hyper, **kwargs)
+        self.fuse_lookup_backward = bool(fuse_lookup_backward)
+
+    def _fused_attrs(self):
+        return {"lr_power": float(self.learning_rate_power), "l1": float(self.l1_regularization_strength),
+                "l2": float(self.l2_regularization_strength),
+                "l2_shrinkage": float(self.l2_shrinkage_regularization_strength), "beta": float(self.beta)}
+
+    def _slot_handles(self, variables):
+        pos = [self._slot_index(v) for v in variables]
+        return "ftrl", ([_handle(self._accumulators[i]) for i in pos] + [_handle(self._linears[i]) for i in pos])
+
+    def _slot_lists(self):
+        return [self._accumulators, self._linears]
+
+    def _sparse_apply(self, grads, variables, learning_rate):
+        idx, vals = self._parts(grads)
+        pos = [self._get_variable_index(v) for v in variables]
+        _native.tf_ops().embed_lab_sparse_apply_ftrl(
+            [_handle(v) for v in variables], [_handle(self._accumulators[i]) for i in pos],
+            [_handle(self._linears[i]) for i in pos], idx, vals, tf.cast(learning_rate, tf.float32),
+            **self._fused_attrs())

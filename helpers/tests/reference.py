@@ -250,3 +250,18 @@ def core_update(core, opt, table, s1, s2, keys, grads, lr, epsilon, beta_1, beta
         core.sparse_adagrad(table, s1, keys, grads, lr, epsilon)
     else:
         core.sparse_adam(table, s1, s2, keys, grads, lr, beta_1, beta_2, epsilon, step)
+
+
+def np_ftrl(w, n, z, idx, g, lr, lr_power=-0.5, l1=0.0, l2=0.0, l2_shrinkage=0.0, beta=0.0):
+    """One FTRL step in float64 on the touched rows (duplicates summed first), Keras 3's
+    `keras.optimizers.Ftrl.update_step` formula: returns `(w, n, z)`; untouched rows keep all three."""
+    w, n, z = (np.array(x, np.float64) for x in (w, n, z))
+    u, s = _coalesce(idx, g)
+    wu, nu = w[u], n[u]
+    l2_eff = l2 + beta / (2.0 * lr)
+    n_new = nu + s * s
+    z[u] += s + 2.0 * l2_shrinkage * wu - (n_new ** -lr_power - nu ** -lr_power) / lr * wu
+    quad = n_new ** -lr_power / lr + 2.0 * l2_eff
+    w[u] = (np.clip(z[u], -l1, l1) - z[u]) / quad
+    n[u] = n_new
+    return w, n, z

@@ -27,6 +27,10 @@ def _pairs(kind, lr):
         return eopt.SGD(lr), keras.optimizers.SGD(lr)
     if kind == "adagrad":
         return eopt.Adagrad(lr, initial_accumulator_value=0.3), keras.optimizers.Adagrad(lr, initial_accumulator_value=0.3)
+    if kind == "ftrl":
+        kw = dict(learning_rate_power=-0.5, initial_accumulator_value=0.2, l1_regularization_strength=0.01,
+                  l2_regularization_strength=0.05, beta=0.1)
+        return eopt.Ftrl(lr, **kw), keras.optimizers.Ftrl(lr, **kw)
     return eopt.Adam(lr, beta_1=0.8, beta_2=0.95), keras.optimizers.Adam(lr, beta_1=0.8, beta_2=0.95)
 
 
@@ -106,7 +110,7 @@ def test_duplicate_indices_are_summed(rng, kind):
         np.testing.assert_allclose(a.numpy(), w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl"])
 def test_dense_gradients_go_to_keras(rng, kind):
     init = rng.standard_normal((6, 5)).astype(np.float32)
     ours, theirs = _pairs(kind, 0.05)
@@ -190,7 +194,7 @@ def _random_ids(rng, rows, batch=6, max_nnz=4):
     return ids.ragged(tf, True)
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl"])
 @pytest.mark.parametrize("graph", [False, True])
 def test_optimizer_in_backward_equals_gradient_then_apply(rng, kind, graph):
     # Three tables (mixed dims and combiners, weights, -1 padding, duplicates): three steps with
@@ -234,14 +238,14 @@ def test_optimizer_in_backward_equals_gradient_then_apply(rng, kind, graph):
 def test_optimizer_in_backward_bad_key_changes_nothing():
     # The forward checks keys too, so feed the backward op directly: every table is checked
     # before any is written.
-    from embedlab import _native
+    import embedlab
     a, b = tf.Variable(tf.ones([5, 2])), tf.Variable(tf.ones([4, 2]))
     before = [a.numpy().copy(), b.numpy().copy()]
     splits = [tf.constant([0, 1, 2], tf.int64)] * 2
     keys = [tf.constant([1, 2], tf.int64), tf.constant([3, 4], tf.int64)]  # 4 is outside b's 4 rows
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"EmbedLabFusedLookupGradApply: ids\[1\].*key 4 at position 1 .* outside the table of 4 rows"):
-        _native.tf_ops().embed_lab_fused_lookup_grad_apply(
+        embedlab.tf_ops().embed_lab_fused_lookup_grad_apply(
             [tf.ones([2, 2])] * 2, splits, keys, [], [a.handle, b.handle], [], 0.1, 0.0,
             tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(1, tf.int64),
             combiners=["sum", "sum"], optimizer="sgd")
@@ -318,7 +322,7 @@ def _fusion_case(rng, kind, ids_format, modify=None, read_grads=False):
     return ta, tb, types_a, types_b
 
 
-@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "ftrl"])
 @pytest.mark.parametrize("ids_format", ["ragged", "sparse"])
 def test_apply_gradients_fuses_with_the_lookup_backward(rng, kind, ids_format):
     fused, plain, types_fused, types_plain = _fusion_case(rng, kind, ids_format)
@@ -370,7 +374,7 @@ def test_clipped_gradients_are_not_fused(rng):
     assert "EmbedLabFusedLookupGradApply" not in types and "EmbedLabSparseApplySGD" in types
 
 
-@pytest.mark.parametrize("cls", [eopt.SGD, eopt.Adagrad, eopt.Adam])
+@pytest.mark.parametrize("cls", [eopt.SGD, eopt.Adagrad, eopt.Adam, eopt.Ftrl])
 def test_optimizer_config_round_trip(cls):
     opt = cls(0.25, fuse_lookup_backward=False)
     again = cls.from_config(opt.get_config())
@@ -420,3 +424,119 @@ def test_fit_fuses_the_lookup_backward_and_matches_unfused(rng):
     assert calls_a > 0 and calls_b == 0
     assert ta.tobytes() == tb.tobytes()
     assert all(x.tobytes() == z.tobytes() for x, z in zip(da, db))
+
+
+# ---- Ftrl ------------------------------------------------------------------------------------
+
+FTRL_CASES = {  # Keras argument names; the cases that change the update's path
+    "defaults": dict(),
+    "l1_zeroes_some": dict(l1_regularization_strength=3.0),
+    "l1_zeroes_all": dict(l1_regularization_strength=1e4),
+    "l1_l2_beta": dict(l1_regularization_strength=0.05, l2_regularization_strength=0.3, beta=0.7,
+                       initial_accumulator_value=0.2),
+    "power_0_shrinkage": dict(learning_rate_power=0.0, l1_regularization_strength=0.01,
+                              l2_shrinkage_regularization_strength=0.2),
+    "power_-0.3": dict(learning_rate_power=-0.3, l1_regularization_strength=0.02, l2_regularization_strength=0.1,
+                       beta=0.5, initial_accumulator_value=0.3),
+    "power_-1_all": dict(learning_rate_power=-1.0, l1_regularization_strength=0.05, l2_regularization_strength=0.05,
+                         l2_shrinkage_regularization_strength=0.1, beta=1.0, initial_accumulator_value=0.5),
+}
+
+
+def _ftrl_ref_kwargs(kw):
+    return dict(lr_power=kw.get("learning_rate_power", -0.5), l1=kw.get("l1_regularization_strength", 0.0),
+                l2=kw.get("l2_regularization_strength", 0.0),
+                l2_shrinkage=kw.get("l2_shrinkage_regularization_strength", 0.0), beta=kw.get("beta", 0.0))
+
+
+@pytest.mark.parametrize("case", list(FTRL_CASES))
+def test_ftrl_matches_float64_with_duplicates_in_one_fused_op(rng, case):
+    # Two tables in one apply_gradients (one EmbedLabSparseApplyFtrl op), indices repeated and
+    # unordered, four steps: weights, accumulators and linears follow the float64 reference.
+    kw, lr = FTRL_CASES[case], 0.1
+    shapes = [(int(rng.integers(10, 80)), d) for d in (4, 9)]
+    init = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    tables = [tf.Variable(x) for x in init]
+    opt = eopt.Ftrl(lr, **kw)
+    acc0 = kw.get("initial_accumulator_value", 0.1)
+    want = [(x.astype(np.float64), np.full(x.shape, acc0), np.zeros(x.shape)) for x in init]
+    rk = _ftrl_ref_kwargs(kw)
+    touched_rows = [np.zeros(rows, bool) for rows, _ in shapes]
+    for _ in range(4):
+        grads = []
+        for t, (rows, dim) in enumerate(shapes):
+            idx = rng.integers(0, rows, size=int(rng.integers(1, rows))).astype(np.int64)
+            vals = rng.standard_normal((len(idx), dim)).astype(np.float32)
+            grads.append(tf.IndexedSlices(tf.constant(vals), tf.constant(idx), tf.constant([rows, dim], tf.int64)))
+            want[t] = ref.np_ftrl(*want[t], idx, vals, lr, **rk)
+            touched_rows[t][idx] = True
+        opt.apply_gradients(zip(grads, tables))
+    for table, (w, n, z) in zip(tables, want):
+        acc, lin = (s.numpy() for s in opt.slot_variables(table))
+        np.testing.assert_allclose(table.numpy(), w, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(acc, n, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(lin, z, rtol=5e-5, atol=2e-5)
+    if case == "l1_zeroes_all":  # every row a step touched is exactly 0, the others as they were
+        for table, x, touched in zip(tables, init, touched_rows):
+            assert not table.numpy()[touched].any()
+            assert np.array_equal(table.numpy()[~touched], x[~touched])
+
+
+def test_ftrl_equals_keras_on_always_touched_rows_and_leaves_the_rest(rng):
+    # Keras' dense step recomputes every row; on rows touched at every step (no shrinkage) it is
+    # the same update (Keras' float32 pow(x, 0.5) against the kernels' square root: an ulp or two).
+    rows, dim, lr = 40, 6, 0.2
+    kw = FTRL_CASES["l1_l2_beta"]
+    init = rng.standard_normal((rows, dim)).astype(np.float32)
+    always = np.arange(0, rows, 4)
+    ours, theirs = eopt.Ftrl(lr, **kw), keras.optimizers.Ftrl(lr, **kw)
+    a, b = tf.Variable(init), tf.Variable(init)
+    touched = np.zeros(rows, bool)
+    for _ in range(5):
+        g = _unique_grad(rng, rows, dim, frac=0.3, always=always)
+        touched[g.indices.numpy()] = True
+        ours.apply_gradients([(g, a)])
+        theirs.apply_gradients([(tf.convert_to_tensor(g), b)])
+    np.testing.assert_allclose(a.numpy()[always], b.numpy()[always], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(a.numpy()[~touched], init[~touched])
+
+
+def test_ftrl_bad_hyperparameters_are_named():
+    for kw, name in [(dict(learning_rate_power=0.5), "learning_rate_power"),
+                     (dict(l1_regularization_strength=-1.0), "l1_regularization_strength"),
+                     (dict(l2_regularization_strength=-1.0), "l2_regularization_strength"),
+                     (dict(l2_shrinkage_regularization_strength=-0.1), "l2_shrinkage_regularization_strength"),
+                     (dict(initial_accumulator_value=-0.1), "initial_accumulator_value"),
+                     (dict(beta=-1.0), "beta"),
+                     (dict(l1_regularization_strength=float("nan")), "l1_regularization_strength"),
+                     (dict(learning_rate=0.0), "learning_rate")]:
+        with pytest.raises(ValueError, match=name):
+            eopt.Ftrl(**kw)
+
+
+def test_ftrl_ops_refuse_bad_hyperparameters_and_change_nothing(rng):
+    import embedlab
+    table = tf.Variable(rng.standard_normal((5, 2)).astype(np.float32))
+    acc, lin = tf.Variable(tf.fill([5, 2], 0.1)), tf.Variable(tf.zeros([5, 2]))
+    before = [v.numpy().copy() for v in (table, acc, lin)]
+    idx, vals = tf.constant([1, 3], tf.int64), tf.ones([2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="EmbedLabSparseApplyFtrl: l1_regularization_strength must be a finite value >= 0, got -1"):
+        embedlab.tf_ops().embed_lab_sparse_apply_ftrl([table.handle], [acc.handle], [lin.handle], [idx], [vals],
+                                                      0.1, l1=-1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="EmbedLabSparseApplyFtrl: learning_rate must be a finite value > 0, got 0"):
+        embedlab.tf_ops().embed_lab_sparse_apply_ftrl([table.handle], [acc.handle], [lin.handle], [idx], [vals], 0.0)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="EmbedLabFusedLookupGradApply: learning_rate_power must be a finite value <= 0, got 0.5"):
+        embedlab.tf_ops().embed_lab_fused_lookup_grad_apply(
+            [tf.ones([2, 2])], [tf.constant([0, 1, 2], tf.int64)], [idx], [], [table.handle], [acc.handle, lin.handle],
+            0.1, 0.0, tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(1, tf.int64),
+            combiners=["sum"], optimizer="ftrl", lr_power=0.5)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="ftrl needs 2 slot variables for 1 tables"):
+        embedlab.tf_ops().embed_lab_fused_lookup_grad_apply(
+            [tf.ones([2, 2])], [tf.constant([0, 1, 2], tf.int64)], [idx], [], [table.handle], [acc.handle],
+            0.1, 0.0, tf.constant(0.0, tf.float64), tf.constant(0.0, tf.float64), tf.constant(1, tf.int64),
+            combiners=["sum"], optimizer="ftrl")
+    for v, b in zip((table, acc, lin), before):
+        assert np.array_equal(v.numpy(), b)

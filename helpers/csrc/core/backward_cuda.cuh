@@ -2,7 +2,7 @@
 // 32 tables with CUB, number the runs of equal keys, sum each key's contributions in segments of
 // kCudaSegment in position order (hot keys in a fixed tree), and hand each finished row to an
 // "epilogue". The lookup backward (embedding_cuda.cu: GradEpi writes the summed rows) and the
-// optimizers (sparse_optimizer_cuda.cu: SgdEpi, AdagradEpi, AdamEpi update the table rows in
+// optimizers (sparse_optimizer_cuda.cu: SgdEpi, AdagradEpi, AdamEpi, FtrlEpi update the table rows in
 // place, the fused backward + optimizer) instantiate it with their epilogue; the templates live
 // here so that each file compiles only its own. The sort is the GPU's index preparation (csr.h
 // on the CPU). Why it looks like this: the comment at the top of embedding_cuda.cu.
@@ -134,7 +134,7 @@ __device__ __forceinline__ void vadd(Vec<V>& acc, const Vec<V>& x) {
 // (key_base = prefix sum of the row counts), its position j the global position pos_base[t] + j
 // and its row r the global row row_base[t] + r. Runs of equal global keys never cross tables,
 // so every per-key sum is exactly the single-table sum, and 26 tables cost the dozen launches
-// of one (per-table launches made a 26-table step slower than PyTorch's).
+// of one (per-table launches would cost a launch sequence per table).
 
 struct BwdTable {
   const int64_t* offsets;  // nullptr: one key per row (the optimizers' index lists)

@@ -1,5 +1,5 @@
 // EmbedLab core contract: sparse optimizer updates, applied in place to the table rows a batch
-// touched (SGD, Adagrad, lazy Adam: Keras semantics), HugeCTR's Global Adam (every row moves at
+// touched (SGD, Adagrad, lazy Adam, FTRL: Keras semantics), HugeCTR's Global Adam (every row moves at
 // every step) with its exact deferred form, and the fused backward + optimizer that applies an
 // optimizer straight from the lookup's backward (FBGEMM's "optimizer in backward"). Plain data
 // only: raw pointers, sizes, a ThreadPool (CPU) or a cudaStream_t (CUDA). No TensorFlow or
@@ -19,8 +19,8 @@ namespace embedlab {
 // Indices must be unique and in range (see coalesce_cpu for duplicates).
 struct SparseUpdateArgs {
   float* table = nullptr;   // [num_rows, dim]
-  float* slot1 = nullptr;   // Adagrad accumulator, or Adam m; [num_rows, dim]
-  float* slot2 = nullptr;   // Adam v; [num_rows, dim]
+  float* slot1 = nullptr;   // Adagrad or FTRL accumulator, or Adam m; [num_rows, dim]
+  float* slot2 = nullptr;   // Adam v, or FTRL linear z; [num_rows, dim]
   int64_t num_rows = 0;
   int64_t dim = 0;
   const int64_t* indices = nullptr;  // [n], unique, in [0, num_rows)
@@ -36,26 +36,58 @@ struct AdagradParams { float lr; float epsilon; };
 // The betas are double: Keras computes 1 - beta in Python doubles and rounds once to float.
 struct AdamParams { float lr; double beta1; double beta2; float epsilon; int64_t step; };
 
+// FTRL-Proximal, Keras 3 semantics (keras.optimizers.Ftrl.update_step) on touched rows, with
+// slot1 = n (the accumulator, initialised by the caller to initial_accumulator_value) and
+// slot2 = z (the linear term, initialised to 0). Per element, in Keras' float32 order:
+//   l2'  = l2 + beta / (2 lr)
+//   g'   = g + (2 l2_shrinkage) w                 (the shrinkage acts on touched rows only)
+//   n'   = n + g g                                (the raw gradient, not g')
+//   z   += g' - ((n'^-p - n^-p) / lr) w           (p = learning_rate_power <= 0, w before the step)
+//   w    = (clip(z, -l1, l1) - z) / (n'^-p / lr + 2 l2')   (0 where |z| <= l1)
+//   n    = n'
+// Powers: p = -0.5 is a square root and p = 0 is 1 (both exact); any other p is pow in double
+// rounded to float (within a few float ulps of Keras' float32 pow; CPU and GPU agree bit for bit
+// on -0.5 and 0, and to one rounding otherwise). As in Keras, a row whose n' is 0 with
+// l2' = 0 (initial_accumulator_value 0, a zero gradient, no l2 or beta) divides 0 by 0.
+// Rows the batch did not touch keep w, n and z (Keras' dense step would recompute w from z
+// there, and apply the shrinkage; TensorFlow's sparse FTRL kernels do what this does).
+// Valid: lr > 0, lr_power <= 0, l1, l2, l2_shrinkage, beta >= 0, all finite (make_optimizer checks).
+struct FtrlParams {
+  float lr = 0.001f;
+  float lr_power = -0.5f;
+  float l1 = 0.f;
+  float l2 = 0.f;
+  float l2_shrinkage = 0.f;
+  float beta = 0.f;
+};
+
+// "" when p is a valid FtrlParams, else what is wrong (naming the hyperparameter and value).
+std::string check_ftrl(const FtrlParams& p);
+
 // The optimizer a fused backward applies (CPU: LookupGradCpu::apply; CUDA:
 // lookup_backward_apply_cuda).
-enum class OptimizerKind : int32_t { kSgd = 0, kAdagrad = 1, kAdam = 2 };
+enum class OptimizerKind : int32_t { kSgd = 0, kAdagrad = 1, kAdam = 2, kFtrl = 3 };
 struct SparseOptimizer {
   OptimizerKind kind = OptimizerKind::kSgd;
   SgdParams sgd{0.f};
   AdagradParams adagrad{0.f, 0.f};
   AdamParams adam{0.f, 0.9f, 0.999f, 1e-7f, 1};
+  FtrlParams ftrl{};
 };
 
-// A SparseOptimizer from its name ("sgd" | "adagrad" | "adam") and hyperparameters (those the
-// optimizer does not use are ignored). Returns "" or what was wrong.
+// A SparseOptimizer from its name ("sgd" | "adagrad" | "adam" | "ftrl") and hyperparameters
+// (those the optimizer does not use are ignored). "ftrl" takes lr from `lr` and the rest from
+// `ftrl` (required for it, checked with check_ftrl). Returns "" or what was wrong.
 std::string make_optimizer(const std::string& name, float lr, float epsilon, double beta1, double beta2,
-                           int64_t step, SparseOptimizer* out);
+                           int64_t step, SparseOptimizer* out, const FtrlParams* ftrl = nullptr);
 
 void sparse_sgd_cpu(const SparseUpdateArgs* tables, int num_tables, SgdParams p, ThreadPool& pool);
 void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradParams p,
                         ThreadPool& pool);
 void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p,
                      ThreadPool& pool);
+// FTRL (see FtrlParams): slot1 = accumulator n, slot2 = linear z. Indices unique, as above.
+void sparse_ftrl_cpu(const SparseUpdateArgs* tables, int num_tables, FtrlParams p, ThreadPool& pool);
 
 // Global Adam (HugeCTR's update_type "Global"): in one pass over rows [0, rows_used[t]) of each
 // table, the given rows (unique, ascending) take AdamRow's update with their gradient and every
@@ -132,6 +164,8 @@ cudaError_t sparse_sgd_cuda(const SparseUpdateArgs* tables, int num_tables, SgdP
 cudaError_t sparse_adagrad_cuda(const SparseUpdateArgs* tables, int num_tables, AdagradParams p, void* workspace,
                                 size_t workspace_bytes, cudaStream_t stream);
 cudaError_t sparse_adam_cuda(const SparseUpdateArgs* tables, int num_tables, AdamParams p, void* workspace,
+                             size_t workspace_bytes, cudaStream_t stream);
+cudaError_t sparse_ftrl_cuda(const SparseUpdateArgs* tables, int num_tables, FtrlParams p, void* workspace,
                              size_t workspace_bytes, cudaStream_t stream);
 
 }  // namespace embedlab

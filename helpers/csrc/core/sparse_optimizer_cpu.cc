@@ -1,5 +1,5 @@
 // Multi-threaded CPU implementation of sparse_optimizer.h: the sparse optimizers' row updates
-// (SGD, Adagrad, lazy Adam), Global Adam and its deferred catch-up, the coalescing of duplicate
+// (SGD, Adagrad, lazy Adam, FTRL), Global Adam and its deferred catch-up, the coalescing of duplicate
 // indices, and the fused backward + optimizer (LookupGradCpu::apply of embedding.h: the
 // backward's summed rows from embedding_cpu.cc, then the same row update). The kernels are
 // compiled once per instruction set (cpu_isa_kernels.h); the entry points at the end of this file
@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -37,6 +39,7 @@ struct SparseOptimizerKernels {
                                   const float* lr_ring, int64_t ring, AdamParams p, ThreadPool& pool);
   void (*coalesce)(const int64_t* indices, const float* rows, int64_t n, int64_t dim, int64_t key_bound,
                    std::vector<int64_t>* out_indices, std::vector<float>* out_rows, ThreadPool& pool);
+  void (*sparse_ftrl)(const SparseUpdateArgs* tables, int num_tables, FtrlParams p, ThreadPool& pool);
 };
 
 namespace EMBEDLAB_ISA_NS {
@@ -105,6 +108,53 @@ struct AdamRow {
   }
 };
 
+// FTRL-Proximal (FtrlParams in sparse_optimizer.h), slot1 = n, slot2 = z, in Keras' float32
+// order. The power n^-p is chosen once per call (kMode 0: p = -0.5, a square root; 1: p = 0,
+// the constant 1; 2: pow in double rounded to float), so the loops carry no branch on p.
+struct FtrlRow {
+  static constexpr int64_t kCost = 8;
+  float lr, neg_p, two_l2s, l1, two_l2;
+  int mode;
+  explicit FtrlRow(const FtrlParams& p) {
+    lr = p.lr;
+    neg_p = -p.lr_power;
+    two_l2s = 2.f * p.l2_shrinkage;
+    l1 = p.l1;
+    // Keras: l2 + beta / (2 lr) in float32, doubled where the quadratic term uses it.
+    two_l2 = 2.f * (p.l2 + p.beta / (2.f * p.lr));
+    mode = p.lr_power == -0.5f ? 0 : p.lr_power == 0.f ? 1 : 2;
+  }
+  template <int kMode>
+  static float power(float x, float neg_p) {
+    if (kMode == 0) return std::sqrt(x);
+    if (kMode == 1) return 1.f;
+    return static_cast<float>(std::pow(static_cast<double>(x), static_cast<double>(neg_p)));
+  }
+  template <int kMode, typename W>
+  void run(float* __restrict w, float* __restrict n, float* __restrict z, const float* __restrict g,
+           int64_t dim_rt) const {
+    const int64_t dim = Width<W::value>::get(dim_rt);
+    for (int64_t d = 0; d < dim; ++d) {
+      const float gs = g[d] + two_l2s * w[d];
+      const float n_new = n[d] + g[d] * g[d];
+      const float p_new = power<kMode>(n_new, neg_p);
+      z[d] += gs - ((p_new - power<kMode>(n[d], neg_p)) / lr) * w[d];
+      const float zc = std::min(std::max(z[d], -l1), l1);
+      w[d] = (zc - z[d]) / (p_new / lr + two_l2);
+      n[d] = n_new;
+    }
+  }
+  template <typename W>
+  void operator()(W width, float* __restrict w, float* __restrict n, float* __restrict z, const float* __restrict g,
+                  int64_t dim_rt) const {
+    switch (mode) {
+      case 0: return run<0, W>(w, n, z, g, dim_rt);
+      case 1: return run<1, W>(w, n, z, g, dim_rt);
+      default: return run<2, W>(w, n, z, g, dim_rt);
+    }
+  }
+};
+
 template <typename RowUpdate>
 void sparse_update(const SparseUpdateArgs* tables, int num_tables, ThreadPool& pool, RowUpdate update) {
   FlatIndex flat(num_tables, [&](int t) { return tables[t].n; });
@@ -138,6 +188,7 @@ void with_update(const SparseOptimizer& opt, F fn) {
     case OptimizerKind::kSgd: return fn(SgdRow{opt.sgd.lr});
     case OptimizerKind::kAdagrad: return fn(AdagradRow{opt.adagrad});
     case OptimizerKind::kAdam: return fn(AdamRow(opt.adam));
+    case OptimizerKind::kFtrl: return fn(FtrlRow(opt.ftrl));
   }
 }
 
@@ -147,7 +198,7 @@ void grad_apply(const LookupGradCpu::State& s, const SparseUpdateArgs& target, c
                 ThreadPool& pool) {
   // Two passes over a reused buffer: the summed rows, then the update, row by row in key order
   // with write prefetches. Interleaving the two per key (or per chunk of 32 to 2,048 keys)
-  // measured slower (helpers/benchmarks/RESULTS.md, lookup_cpu): each loop keeps its own stream
+  // is slower: each loop keeps its own stream
   // of misses in flight, and every switch restarts the prefetch pipeline. Same code, so the same bits, as fill() followed
   // by sparse_<opt>_cpu; the difference to that is no output tensors, one op, no allocation.
   const int64_t nu = static_cast<int64_t>(s.unique_keys.size());
@@ -193,6 +244,10 @@ void sparse_adagrad(const SparseUpdateArgs* tables, int num_tables, AdagradParam
 
 void sparse_adam(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
   sparse_update(tables, num_tables, pool, AdamRow(p));
+}
+
+void sparse_ftrl(const SparseUpdateArgs* tables, int num_tables, FtrlParams p, ThreadPool& pool) {
+  sparse_update(tables, num_tables, pool, FtrlRow(p));
 }
 
 void global_adam(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,
@@ -277,6 +332,7 @@ int64_t global_adam_catch_up(float* table, float* m, float* v, int64_t* last, in
 
 extern const SparseOptimizerKernels kSparseOptimizerKernels = {
     &grad_apply, &sparse_sgd, &sparse_adagrad, &sparse_adam, &global_adam, &global_adam_catch_up, &coalesce,
+    &sparse_ftrl,
 };
 
 }  // namespace EMBEDLAB_ISA_NS
@@ -294,8 +350,37 @@ bool strictly_increasing(const int64_t* indices, int64_t n) {
   return true;
 }
 
+namespace {
+// The shortest decimal that reads back as v (0.1f prints as "0.1", not "0.100000001").
+std::string str_float(float v) {
+  char buf[32];
+  for (int digits = 1; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+}  // namespace
+
+std::string check_ftrl(const FtrlParams& p) {
+  const struct {
+    const char* name;
+    float value;
+  } nonneg[] = {{"l1_regularization_strength", p.l1},
+                {"l2_regularization_strength", p.l2},
+                {"l2_shrinkage_regularization_strength", p.l2_shrinkage},
+                {"beta", p.beta}};
+  if (!(std::isfinite(p.lr) && p.lr > 0.f)) return "learning_rate must be a finite value > 0, got " + str_float(p.lr);
+  if (!(std::isfinite(p.lr_power) && p.lr_power <= 0.f))
+    return "learning_rate_power must be a finite value <= 0, got " + str_float(p.lr_power);
+  for (const auto& h : nonneg)
+    if (!(std::isfinite(h.value) && h.value >= 0.f))
+      return std::string(h.name) + " must be a finite value >= 0, got " + str_float(h.value);
+  return "";
+}
+
 std::string make_optimizer(const std::string& name, float lr, float epsilon, double beta1, double beta2,
-                           int64_t step, SparseOptimizer* out) {
+                           int64_t step, SparseOptimizer* out, const FtrlParams* ftrl) {
   SparseOptimizer o;
   if (name == "sgd") {
     o.kind = OptimizerKind::kSgd;
@@ -307,8 +392,15 @@ std::string make_optimizer(const std::string& name, float lr, float epsilon, dou
     if (step < 1) return "step must be >= 1, got " + str(step);
     o.kind = OptimizerKind::kAdam;
     o.adam = {lr, beta1, beta2, epsilon, step};
+  } else if (name == "ftrl") {
+    if (ftrl == nullptr) return "ftrl needs its hyperparameters (FtrlParams)";
+    o.kind = OptimizerKind::kFtrl;
+    o.ftrl = *ftrl;
+    o.ftrl.lr = lr;
+    const std::string err = check_ftrl(o.ftrl);
+    if (!err.empty()) return err;
   } else {
-    return "optimizer must be 'sgd', 'adagrad' or 'adam', got '" + name + "'";
+    return "optimizer must be 'sgd', 'adagrad', 'adam' or 'ftrl', got '" + name + "'";
   }
   *out = o;
   return "";
@@ -333,6 +425,10 @@ void sparse_adagrad_cpu(const SparseUpdateArgs* tables, int num_tables, AdagradP
 
 void sparse_adam_cpu(const SparseUpdateArgs* tables, int num_tables, AdamParams p, ThreadPool& pool) {
   kernels().sparse_adam(tables, num_tables, p, pool);
+}
+
+void sparse_ftrl_cpu(const SparseUpdateArgs* tables, int num_tables, FtrlParams p, ThreadPool& pool) {
+  kernels().sparse_ftrl(tables, num_tables, p, pool);
 }
 
 void global_adam_cpu(const SparseUpdateArgs* tables, const int64_t* rows_used, int num_tables, AdamParams p,

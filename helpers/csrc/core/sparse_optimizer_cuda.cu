@@ -1,5 +1,5 @@
 // CUDA implementation of sparse_optimizer.h: the optimizers' epilogues for the backward engine
-// of backward_cuda.cuh (what happens to a key's summed gradient row: SGD, Adagrad or Adam
+// of backward_cuda.cuh (what happens to a key's summed gradient row: SGD, Adagrad, Adam or FTRL
 // applied to its table row and slots in place), the fused backward + optimizer over up to 32
 // tables per launch group, and the standalone sparse updates, which run their (index, grad row)
 // pairs through the same path as "one key per row" gradients (so duplicates are coalesced).
@@ -87,6 +87,62 @@ struct AdamEpi {  // Keras order: m += (g-m)(1-b1); v += (g*g-v)(1-b2); w -= (m*
   }
 };
 
+// FTRL-Proximal (FtrlParams in sparse_optimizer.h; slot1 = n, slot2 = z), the CPU's FtrlRow
+// expression by expression. mode 0: p = -0.5 (square root), 1: p = 0 (the constant 1), 2: pow in
+// double rounded to float; the branch is uniform over the launch.
+struct FtrlEpi {
+  float lr, neg_p, two_l2s, l1, two_l2;
+  int mode;
+  __device__ __forceinline__ float power(float x) const {
+    if (mode == 0) return __fsqrt_rn(x);
+    if (mode == 1) return 1.f;
+    return __double2float_rn(pow(static_cast<double>(x), static_cast<double>(neg_p)));
+  }
+  template <int V>
+  __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
+    const int64_t off = key * B.dim + col;
+    EpiState<V> st;
+    st.w = vld<V>(B.table + off);
+    st.s1 = vld<V>(B.slot1 + off);
+    st.s2 = vld<V>(B.slot2 + off);
+    return st;
+  }
+  template <int V>
+  __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
+                                        const Vec<V>& g) const {
+    const int64_t off = key * B.dim + col;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float w = st.w.v[i], n = st.s1.v[i];
+      const float gs = __fadd_rn(g.v[i], __fmul_rn(two_l2s, w));
+      const float n_new = __fadd_rn(n, __fmul_rn(g.v[i], g.v[i]));
+      const float p_new = power(n_new);
+      const float z =
+          __fadd_rn(st.s2.v[i], __fsub_rn(gs, __fmul_rn(__fdiv_rn(__fsub_rn(p_new, power(n)), lr), w)));
+      const float zm = z < -l1 ? -l1 : z;  // std::min(std::max(z, -l1), l1), the CPU's (NaN stays NaN)
+      const float zc = l1 < zm ? l1 : zm;
+      st.w.v[i] = __fdiv_rn(__fsub_rn(zc, z), __fadd_rn(__fdiv_rn(p_new, lr), two_l2));
+      st.s1.v[i] = n_new;
+      st.s2.v[i] = z;
+    }
+    vst<V>(B.slot1 + off, st.s1);
+    vst<V>(B.slot2 + off, st.s2);
+    vst<V>(B.table + off, st.w);
+  }
+};
+
+// FTRL's constants, computed on the host exactly as the CPU's FtrlRow does.
+FtrlEpi ftrl_epi(const FtrlParams& p) {
+  FtrlEpi e;
+  e.lr = p.lr;
+  e.neg_p = -p.lr_power;
+  e.two_l2s = 2.f * p.l2_shrinkage;
+  e.l1 = p.l1;
+  e.two_l2 = 2.f * (p.l2 + p.beta / (2.f * p.lr));
+  e.mode = p.lr_power == -0.5f ? 0 : p.lr_power == 0.f ? 1 : 2;
+  return e;
+}
+
 // Adam's step size, computed on the host exactly as sparse_adam_cpu does.
 AdamEpi adam_epi(const AdamParams& p) {
   const float ts = static_cast<float>(p.step);
@@ -105,7 +161,8 @@ cudaError_t apply_group(const BwdGroup& G, const SparseOptimizer& opt, void* ws,
   for (int t = 0; t < G.T.n; ++t) {
     const BwdTable& B = G.T.t[t];
     if (B.table == nullptr || (opt.kind == OptimizerKind::kAdagrad && B.slot1 == nullptr) ||
-        (opt.kind == OptimizerKind::kAdam && (B.slot1 == nullptr || B.slot2 == nullptr)))
+        ((opt.kind == OptimizerKind::kAdam || opt.kind == OptimizerKind::kFtrl) &&
+         (B.slot1 == nullptr || B.slot2 == nullptr)))
       return cudaErrorInvalidValue;
   }
   switch (opt.kind) {
@@ -117,6 +174,9 @@ cudaError_t apply_group(const BwdGroup& G, const SparseOptimizer& opt, void* ws,
     case OptimizerKind::kAdam:
       if (opt.adam.step < 1) return cudaErrorInvalidValue;
       return backward_dispatch(G, G.rows, adam_epi(opt.adam), nullptr, nullptr, ws, ws_bytes, stream);
+    case OptimizerKind::kFtrl:
+      if (!check_ftrl(opt.ftrl).empty()) return cudaErrorInvalidValue;
+      return backward_dispatch(G, G.rows, ftrl_epi(opt.ftrl), nullptr, nullptr, ws, ws_bytes, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -207,6 +267,14 @@ cudaError_t sparse_adam_cuda(const SparseUpdateArgs* tables, int num_tables, Ada
   SparseOptimizer o;
   o.kind = OptimizerKind::kAdam;
   o.adam = p;
+  return sparse_update(tables, num_tables, o, ws, ws_bytes, stream);
+}
+
+cudaError_t sparse_ftrl_cuda(const SparseUpdateArgs* tables, int num_tables, FtrlParams p, void* ws, size_t ws_bytes,
+                             cudaStream_t stream) {
+  SparseOptimizer o;
+  o.kind = OptimizerKind::kFtrl;
+  o.ftrl = p;
   return sparse_update(tables, num_tables, o, ws, ws_bytes, stream);
 }
 

@@ -183,9 +183,11 @@ void check_slot(const char* fn, const char* name, const F2& slot, const SparseUp
 void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const std::optional<F1>& weights,
                            const std::string& combiner, const CF2& grad_out, const std::string& optimizer, float lr,
                            std::optional<F2> accumulator, std::optional<F2> m, std::optional<F2> v, float epsilon,
-                           double beta_1, double beta_2, int64_t step, int num_threads) {
+                           double beta_1, double beta_2, int64_t step, int num_threads, std::optional<F2> linear,
+                           float lr_power, float l1, float l2, float l2_shrinkage, float beta) {
   const char* fn = "lookup_backward_apply";
-  const SparseOptimizer opt = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step);
+  const SparseOptimizer opt = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step,
+                                           embedlab_py::ftrl_of(lr_power, l1, l2, l2_shrinkage, beta));
   LookupGradArgs g = grad_args_of(fn, offsets, keys, weights, combiner, grad_out);
   if (static_cast<int64_t>(table.shape(1)) != g.dim)
     fail(fn, "table has dim " + std::to_string(table.shape(1)) + ", grad_out " + std::to_string(g.dim));
@@ -199,9 +201,14 @@ void lookup_backward_apply(F2 table, const I1& offsets, const I1& keys, const st
     check_slot(fn, name, *a, t);
     return a->data();
   };
-  t.slot1 = opt.kind == OptimizerKind::kAdagrad ? slot(accumulator, "accumulator", true)
-                                                 : slot(m, "m", opt.kind == OptimizerKind::kAdam);
-  t.slot2 = slot(v, "v", opt.kind == OptimizerKind::kAdam);
+  if (opt.kind == OptimizerKind::kFtrl) {  // accumulator n, linear z
+    t.slot1 = slot(accumulator, "accumulator", true);
+    t.slot2 = slot(linear, "linear", true);
+  } else {
+    t.slot1 = opt.kind == OptimizerKind::kAdagrad ? slot(accumulator, "accumulator", true)
+                                                   : slot(m, "m", opt.kind == OptimizerKind::kAdam);
+    t.slot2 = slot(v, "v", opt.kind == OptimizerKind::kAdam);
+  }
   const std::string err = check_ids(g.ids, t.num_rows);  // before anything is written: the table stays as it was
   if (!err.empty()) fail(fn, err);
   nb::gil_scoped_release release;
@@ -220,17 +227,20 @@ void lookup_backward_apply_many(std::vector<F2>& tables, const std::vector<I1>& 
                                 const std::vector<CF2>& grad_outs, const std::string& optimizer, float lr,
                                 std::optional<std::vector<F2>> accumulators, std::optional<std::vector<F2>> ms,
                                 std::optional<std::vector<F2>> vs, float epsilon, double beta_1, double beta_2,
-                                int64_t step, int num_threads) {
+                                int64_t step, int num_threads, std::optional<std::vector<F2>> linears, float lr_power,
+                                float l1, float l2, float l2_shrinkage, float beta) {
   const char* fn = "lookup_backward_apply_many";
   const size_t n = tables.size();
   if (offsets.size() != n || keys.size() != n || combiners.size() != n || grad_outs.size() != n ||
       (weights && weights->size() != n))
     fail(fn, "tables, row_offsets, keys, combiners, grad_outs (and weights) must have the same length");
-  const SparseOptimizer opt = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step);
+  const SparseOptimizer opt = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step,
+                                           embedlab_py::ftrl_of(lr_power, l1, l2, l2_shrinkage, beta));
   auto slots = [&](std::optional<std::vector<F2>>& a, const char* name, bool needed) {
     if (needed && (!a || a->size() != n)) fail(fn, optimizer + " needs " + name + ", one per table");
   };
-  slots(accumulators, "accumulators", opt.kind == OptimizerKind::kAdagrad);
+  slots(accumulators, "accumulators", opt.kind == OptimizerKind::kAdagrad || opt.kind == OptimizerKind::kFtrl);
+  slots(linears, "linears", opt.kind == OptimizerKind::kFtrl);
   slots(ms, "ms", opt.kind == OptimizerKind::kAdam);
   slots(vs, "vs", opt.kind == OptimizerKind::kAdam);
   std::vector<LookupGradArgs> g(n);
@@ -258,6 +268,10 @@ void lookup_backward_apply_many(std::vector<F2>& tables, const std::vector<I1>& 
       return x.data();
     };
     if (opt.kind == OptimizerKind::kAdagrad) a.slot1 = slot(accumulators, "accumulators[t]");
+    if (opt.kind == OptimizerKind::kFtrl) {
+      a.slot1 = slot(accumulators, "accumulators[t]");
+      a.slot2 = slot(linears, "linears[t]");
+    }
     if (opt.kind == OptimizerKind::kAdam) {
       a.slot1 = slot(ms, "ms[t]");
       a.slot2 = slot(vs, "vs[t]");
@@ -308,14 +322,20 @@ EMBEDLAB_PY_BINDINGS(embedding) {
         nb::arg("accumulator").none() = nb::none(), nb::arg("m").none() = nb::none(),
         nb::arg("v").none() = nb::none(), nb::arg("epsilon") = 1e-7f, nb::arg("beta_1") = 0.9,
         nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("num_threads") = 0,
-        "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam') on the touched rows of `table` (in place);\n"
-        "the gradient is never materialized. Same bits as lookup_backward followed by sparse_<opt>.");
+        nb::arg("linear").none() = nb::none(), nb::arg("lr_power") = -0.5f, nb::arg("l1") = 0.f, nb::arg("l2") = 0.f,
+        nb::arg("l2_shrinkage") = 0.f, nb::arg("beta") = 0.f,
+        "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam' | 'ftrl') on the touched rows of `table` (in\n"
+        "place); the gradient is never materialized. Same bits as lookup_backward followed by sparse_<opt>.\n"
+        "ftrl: accumulator (n), linear (z), lr_power, l1, l2, l2_shrinkage, beta (Keras 3's Ftrl).");
   m.def("lookup_backward_apply_many", &lookup_backward_apply_many, nb::arg("tables"), nb::arg("row_offsets"),
         nb::arg("keys"), nb::arg("weights").none(), nb::arg("combiners"), nb::arg("grad_outs"), nb::arg("optimizer"),
         nb::arg("lr"), nb::arg("accumulators").none() = nb::none(), nb::arg("ms").none() = nb::none(),
         nb::arg("vs").none() = nb::none(), nb::arg("epsilon") = 1e-7f, nb::arg("beta_1") = 0.9,
         nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("num_threads") = 0,
-        "lookup_backward_apply for many tables in one call (lists; slots: accumulators / ms, vs, one per table):\n"
+        nb::arg("linears").none() = nb::none(), nb::arg("lr_power") = -0.5f, nb::arg("l1") = 0.f,
+        nb::arg("l2") = 0.f, nb::arg("l2_shrinkage") = 0.f, nb::arg("beta") = 0.f,
+        "lookup_backward_apply for many tables in one call (lists; slots: accumulators / ms, vs / accumulators,\n"
+        "linears, one per table):\n"
         "tables sorted in parallel and checked before anything is written. Same bits as table-by-table calls.");
   m.def(
       "sparse_sgd",
@@ -351,6 +371,27 @@ EMBEDLAB_PY_BINDINGS(embedding) {
       },
       nb::arg("table"), nb::arg("m"), nb::arg("v"), nb::arg("indices"), nb::arg("grads"), nb::arg("lr"),
       nb::arg("beta_1"), nb::arg("beta_2"), nb::arg("epsilon"), nb::arg("step"), nb::arg("num_threads") = 0);
+  m.def(
+      "sparse_ftrl",
+      [](F2 table, F2 acc, F2 lin, I1 indices, CF2 grads, float lr, float lr_power, float l1, float l2,
+         float l2_shrinkage, float beta, int num_threads) {
+        const char* fn = "sparse_ftrl";
+        auto a = update_args(fn, table, indices, grads);
+        check_slot(fn, "accumulator", acc, a);
+        check_slot(fn, "linear", lin, a);
+        FtrlParams p = embedlab_py::ftrl_of(lr_power, l1, l2, l2_shrinkage, beta);
+        p.lr = lr;
+        const std::string err = check_ftrl(p);
+        if (!err.empty()) fail(fn, err);
+        a.slot1 = acc.data();
+        a.slot2 = lin.data();
+        nb::gil_scoped_release r;
+        sparse_ftrl_cpu(&a, 1, p, pool(num_threads));
+      },
+      nb::arg("table"), nb::arg("accumulator"), nb::arg("linear"), nb::arg("indices"), nb::arg("grads"),
+      nb::arg("lr"), nb::arg("lr_power") = -0.5f, nb::arg("l1") = 0.f, nb::arg("l2") = 0.f,
+      nb::arg("l2_shrinkage") = 0.f, nb::arg("beta") = 0.f, nb::arg("num_threads") = 0,
+      "Keras 3 FTRL on the given rows (unique, ascending; in place): accumulator n, linear z.");
   m.def(
       "coo_to_csr",
       [](I1 row_index, int64_t batch) {

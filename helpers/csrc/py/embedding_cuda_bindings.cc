@@ -250,6 +250,7 @@ void run_apply(const char* fn, DeviceGuard& dev, const LookupGradArgs& g, const 
                const std::optional<Arr>& workspace) {
   if (o.kind == OptimizerKind::kAdagrad && !t.slot1) fail(fn, "adagrad needs accumulator");
   if (o.kind == OptimizerKind::kAdam && (!t.slot1 || !t.slot2)) fail(fn, "adam needs m and v");
+  if (o.kind == OptimizerKind::kFtrl && (!t.slot1 || !t.slot2)) fail(fn, "ftrl needs accumulator and linear");
   if (g.dim != t.dim)
     fail(fn, "gradient rows have " + std::to_string(g.dim) + " columns, the table " + std::to_string(t.dim));
   const cudaStream_t stream = as_stream(stream_i);
@@ -380,22 +381,29 @@ EMBEDLAB_PY_BINDINGS(embedding_cuda) {
          const std::string& combiner, const Arr& grad_out, const std::string& optimizer, float lr,
          const std::optional<Arr>& accumulator, const std::optional<Arr>& m, const std::optional<Arr>& v,
          float epsilon, double beta_1, double beta_2, int64_t step, uintptr_t stream, bool check,
-         const std::optional<Arr>& workspace) {
+         const std::optional<Arr>& workspace, const std::optional<Arr>& linear, float lr_power, float l1, float l2,
+         float l2_shrinkage, float beta) {
         const char* fn = "lookup_backward_apply_cuda";
         DeviceGuard dev{fn};
         LookupGradArgs g = grad_args(fn, dev, offsets, keys, weights, combiner, grad_out);
         SparseUpdateArgs t = optimizer == "adagrad" ? target_of(fn, dev, table, accumulator, "accumulator", {}, "")
+                             : optimizer == "ftrl"  ? target_of(fn, dev, table, accumulator, "accumulator", linear, "linear")
                                                     : target_of(fn, dev, table, m, "m", v, "v");
-        run_apply(fn, dev, g, t, optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step), stream, check, true,
-                  workspace);
+        run_apply(fn, dev, g, t,
+                  optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step,
+                               embedlab_py::ftrl_of(lr_power, l1, l2, l2_shrinkage, beta)),
+                  stream, check, true, workspace);
       },
       nb::arg("table"), nb::arg("row_offsets"), nb::arg("keys"), nb::arg("weights").none(), nb::arg("combiner"),
       nb::arg("grad_out"), nb::arg("optimizer"), nb::arg("lr"), nb::arg("accumulator").none() = nb::none(),
       nb::arg("m").none() = nb::none(), nb::arg("v").none() = nb::none(), nb::arg("epsilon") = 1e-7f,
       nb::arg("beta_1") = 0.9, nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("stream") = 0,
-      nb::arg("check") = true, nb::arg("workspace").none() = nb::none(),
-      "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam') on the touched rows of `table` (in place);\n"
-      "the gradient is never materialized. Same bits as lookup_backward_cuda followed by sparse_<opt>_cuda.");
+      nb::arg("check") = true, nb::arg("workspace").none() = nb::none(), nb::arg("linear").none() = nb::none(),
+      nb::arg("lr_power") = -0.5f, nb::arg("l1") = 0.f, nb::arg("l2") = 0.f, nb::arg("l2_shrinkage") = 0.f,
+      nb::arg("beta") = 0.f,
+      "Fused backward + optimizer ('sgd' | 'adagrad' | 'adam' | 'ftrl') on the touched rows of `table` (in\n"
+      "place); the gradient is never materialized. Same bits as lookup_backward_cuda followed by\n"
+      "sparse_<opt>_cuda. ftrl: accumulator (n), linear (z), lr_power, l1, l2, l2_shrinkage, beta.");
 
   m.def(
       "lookup_backward_apply_multi_cuda_workspace_size",
@@ -430,15 +438,20 @@ EMBEDLAB_PY_BINDINGS(embedding_cuda) {
          const std::vector<Arr>& grad_outs, const std::string& optimizer, float lr,
          const std::optional<std::vector<Arr>>& accumulators, const std::optional<std::vector<Arr>>& ms,
          const std::optional<std::vector<Arr>>& vs, float epsilon, double beta_1, double beta_2, int64_t step,
-         uintptr_t stream_i, bool check, const std::optional<Arr>& workspace) {
+         uintptr_t stream_i, bool check, const std::optional<Arr>& workspace,
+         const std::optional<std::vector<Arr>>& linears, float lr_power, float l1, float l2, float l2_shrinkage,
+         float beta) {
         const char* fn = "lookup_backward_apply_multi_cuda";
         const size_t n = tables.size();
         auto same = [&](const std::optional<std::vector<Arr>>& l) { return !l || l->size() == n; };
         if (offsets.size() != n || keys.size() != n || combiners.size() != n || grad_outs.size() != n ||
-            !same(weights) || !same(accumulators) || !same(ms) || !same(vs))
+            !same(weights) || !same(accumulators) || !same(ms) || !same(vs) || !same(linears))
           fail(fn, "tables, row_offsets, keys, combiners, grad_outs (and weights / slots) must have the same length");
-        const SparseOptimizer o = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step);
+        const SparseOptimizer o = optimizer_of(fn, optimizer, lr, epsilon, beta_1, beta_2, step,
+                                               embedlab_py::ftrl_of(lr_power, l1, l2, l2_shrinkage, beta));
         if (o.kind == OptimizerKind::kAdagrad && !accumulators) fail(fn, "adagrad needs accumulators");
+        if (o.kind == OptimizerKind::kFtrl && (!accumulators || !linears))
+          fail(fn, "ftrl needs accumulators and linears");
         if (o.kind == OptimizerKind::kAdam && (!ms || !vs)) fail(fn, "adam needs m and v");
         DeviceGuard dev{fn};
         std::vector<LookupGradArgs> g(n);
@@ -457,7 +470,9 @@ EMBEDLAB_PY_BINDINGS(embedding_cuda) {
           g[i].dim = static_cast<int64_t>(grad_outs[i].shape(1));
           g[i].grad_out = ptr<const float>(grad_outs[i]);
           t[i] = o.kind == OptimizerKind::kAdagrad ? target_of(fn, dev, tables[i], opt_at(accumulators), "accumulator", {}, "")
-                                                   : target_of(fn, dev, tables[i], opt_at(ms), "m", opt_at(vs), "v");
+                 : o.kind == OptimizerKind::kFtrl
+                     ? target_of(fn, dev, tables[i], opt_at(accumulators), "accumulator", opt_at(linears), "linear")
+                     : target_of(fn, dev, tables[i], opt_at(ms), "m", opt_at(vs), "v");
           if (t[i].dim != g[i].dim)
             fail(fn, "grad_outs" + sfx + " has " + std::to_string(g[i].dim) + " columns, tables" + sfx + " " +
                          std::to_string(t[i].dim));
@@ -482,9 +497,11 @@ EMBEDLAB_PY_BINDINGS(embedding_cuda) {
       nb::arg("grad_outs"), nb::arg("optimizer"), nb::arg("lr"), nb::arg("accumulators").none() = nb::none(),
       nb::arg("m").none() = nb::none(), nb::arg("v").none() = nb::none(), nb::arg("epsilon") = 1e-7f,
       nb::arg("beta_1") = 0.9, nb::arg("beta_2") = 0.999, nb::arg("step") = 1, nb::arg("stream") = 0,
-      nb::arg("check") = true, nb::arg("workspace").none() = nb::none(),
+      nb::arg("check") = true, nb::arg("workspace").none() = nb::none(), nb::arg("linears").none() = nb::none(),
+      nb::arg("lr_power") = -0.5f, nb::arg("l1") = 0.f, nb::arg("l2") = 0.f, nb::arg("l2_shrinkage") = 0.f,
+      nb::arg("beta") = 0.f,
       "Fused backward + optimizer over several tables: up to 32 tables share one sort and one set of\n"
-      "launches. Same bits as one lookup_backward_apply_cuda call per table.");
+      "launches. Same bits as one lookup_backward_apply_cuda call per table. ftrl: accumulators, linears.");
 
   m.def(
       "sparse_sgd_cuda",
@@ -528,4 +545,22 @@ EMBEDLAB_PY_BINDINGS(embedding_cuda) {
       nb::arg("beta_1"), nb::arg("beta_2"), nb::arg("epsilon"), nb::arg("step"), nb::arg("stream") = 0,
       nb::arg("check") = true, nb::arg("workspace").none() = nb::none(),
       "Lazy Adam (Keras expression order) on the given rows on the GPU; duplicates summed first.");
+
+  m.def(
+      "sparse_ftrl_cuda",
+      [](const Arr& table, const Arr& acc, const Arr& lin, const Arr& indices, const Arr& grads, float lr,
+         float lr_power, float l1, float l2, float l2_shrinkage, float beta, uintptr_t stream, bool check,
+         const std::optional<Arr>& workspace) {
+        const char* fn = "sparse_ftrl_cuda";
+        DeviceGuard dev{fn};
+        SparseUpdateArgs t = target_of(fn, dev, table, acc, "accumulator", lin, "linear");
+        run_apply(fn, dev, index_args(fn, dev, indices, grads, t.dim), t,
+                  optimizer_of(fn, "ftrl", lr, 0, 0, 0, 1, embedlab_py::ftrl_of(lr_power, l1, l2, l2_shrinkage, beta)),
+                  stream, check, false, workspace);
+      },
+      nb::arg("table"), nb::arg("accumulator"), nb::arg("linear"), nb::arg("indices"), nb::arg("grads"),
+      nb::arg("lr"), nb::arg("lr_power") = -0.5f, nb::arg("l1") = 0.f, nb::arg("l2") = 0.f,
+      nb::arg("l2_shrinkage") = 0.f, nb::arg("beta") = 0.f, nb::arg("stream") = 0, nb::arg("check") = true,
+      nb::arg("workspace").none() = nb::none(),
+      "Keras 3 FTRL on the given rows on the GPU (accumulator n, linear z); duplicates summed first.");
 }

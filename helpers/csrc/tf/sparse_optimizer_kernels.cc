@@ -18,7 +18,7 @@
 #include "adapter.h"
 #include "adapter_cpu.h"
 #include "embedding.h"
-#include "memory.h"
+#include "huge_pages.h"
 #include "sparse_optimizer.h"
 #include "tf_pool.h"
 
@@ -40,7 +40,8 @@ using CPUDevice = Eigen::ThreadPoolDevice;
 // every update once any sparse op (e.g. tf.gather) has touched the variable.
 class LockedState {
  public:
-  absl::Status Lock(OpKernelContext* ctx, int first, int n, int slots, const char* slot1_name) {
+  absl::Status Lock(OpKernelContext* ctx, int first, int n, int slots, const char* slot1_name,
+                    const char* slot2_name = "vs") {
     n_ = n;
     std::vector<int> inputs;
     for (int i = 0; i < n * (1 + slots); ++i) inputs.push_back(first + i);
@@ -53,7 +54,7 @@ class LockedState {
       if (vars_[i].IsInitialized()) embedlab::advise_huge_pages(vars_[i].tensor_data().data(), vars_[i].TotalBytes());
     }
     const std::string& op = ctx->op_kernel().type_string();
-    const char* names[3] = {"vars", slot1_name, "vs"};
+    const char* names[3] = {"vars", slot1_name, slot2_name};
     for (int t = 0; t < n; ++t) {
       const Tensor& w = vars_[t];
       if (!w.IsInitialized() || w.dims() != 2)
@@ -90,10 +91,12 @@ class LockedState {
 };
 
 template <int kSlots, typename Apply>
-void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply) {
+void ApplySparse(OpKernel* self, OpKernelContext* ctx, int n, Apply apply, const char* slot1_name = nullptr,
+                 const char* slot2_name = "vs") {
   const std::string& op = self->type_string();
   LockedState state;
-  OP_REQUIRES_OK(ctx, state.Lock(ctx, 0, n, kSlots, kSlots == 1 ? "accumulators" : "ms"));
+  OP_REQUIRES_OK(ctx, state.Lock(ctx, 0, n, kSlots, slot1_name ? slot1_name : kSlots == 1 ? "accumulators" : "ms",
+                                 slot2_name));
   const int idx0 = n * (1 + kSlots), grad0 = idx0 + n;
   TfPool pool(ctx);
   std::vector<embedlab::SparseUpdateArgs> args(n);
@@ -213,6 +216,40 @@ class SparseApplyAdamOp : public OpKernel {
   int n_;
 };
 
+// FTRL's attributes (lr_power, l1, l2, l2_shrinkage, beta); lr is an input, set at Compute.
+absl::Status FtrlAttrs(OpKernelConstruction* c, embedlab::FtrlParams* p) {
+  TF_RETURN_IF_ERROR(c->GetAttr("lr_power", &p->lr_power));
+  TF_RETURN_IF_ERROR(c->GetAttr("l1", &p->l1));
+  TF_RETURN_IF_ERROR(c->GetAttr("l2", &p->l2));
+  TF_RETURN_IF_ERROR(c->GetAttr("l2_shrinkage", &p->l2_shrinkage));
+  return c->GetAttr("beta", &p->beta);
+}
+
+class SparseApplyFtrlOp : public OpKernel {
+ public:
+  explicit SparseApplyFtrlOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_));
+    OP_REQUIRES_OK(c, FtrlAttrs(c, &ftrl_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    EMBEDLAB_SCALAR(lr, 5 * n_, "lr");
+    embedlab::FtrlParams p = ftrl_;
+    p.lr = lr;
+    const std::string err = embedlab::check_ftrl(p);
+    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(type_string(), ": ", err));
+    ApplySparse<2>(
+        this, ctx, n_,
+        [&](std::vector<embedlab::SparseUpdateArgs>& a, embedlab::ThreadPool& tp) {
+          embedlab::sparse_ftrl_cpu(a.data(), n_, p, tp);
+        },
+        "accumulators", "linears");
+  }
+
+ private:
+  int n_;
+  embedlab::FtrlParams ftrl_;
+};
+
 class GlobalApplyAdamOp : public OpKernel {
  public:
   explicit GlobalApplyAdamOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_)); }
@@ -300,6 +337,7 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabGlobalAdamCatchUp").Device(DEVICE_CPU), Gl
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplySGD").Device(DEVICE_CPU), SparseApplySgdOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdagrad").Device(DEVICE_CPU), SparseApplyAdagradOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam").Device(DEVICE_CPU), SparseApplyAdamOp);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyFtrl").Device(DEVICE_CPU), SparseApplyFtrlOp);
 
 // ---- fused backward + optimizer --------------------------------------------------------------
 
@@ -310,7 +348,8 @@ class FusedLookupGradApplyOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("num_weights", &nw_));
     OP_REQUIRES_OK(c, c->GetAttr("num_slots", &ns_));
     OP_REQUIRES_OK(c, c->GetAttr("optimizer", &optimizer_));
-    const int per_table = optimizer_ == "adam" ? 2 : optimizer_ == "adagrad" ? 1 : 0;
+    OP_REQUIRES_OK(c, FtrlAttrs(c, &ftrl_));
+    const int per_table = optimizer_ == "adam" || optimizer_ == "ftrl" ? 2 : optimizer_ == "adagrad" ? 1 : 0;
     OP_REQUIRES(c, ns_ == per_table * prep_.n(),
                 errors::InvalidArgument(c->def().op(), ": ", optimizer_, " needs ", per_table * prep_.n(),
                                         " slot variables for ", prep_.n(), " tables, got ", ns_));
@@ -329,11 +368,13 @@ class FusedLookupGradApplyOp : public OpKernel {
                 errors::InvalidArgument(type_string(), ": beta_1, beta_2 and step must be scalars"));
     embedlab::SparseOptimizer opt;
     const std::string err = embedlab::make_optimizer(optimizer_, lr, eps, b1.scalar<double>()(), b2.scalar<double>()(),
-                                                     step.scalar<int64_t>()(), &opt);
+                                                     step.scalar<int64_t>()(), &opt, &ftrl_);
     OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(type_string(), ": ", err));
 
     LockedState state;
-    OP_REQUIRES_OK(ctx, state.Lock(ctx, var0, n, ns_ / n, optimizer_ == "adagrad" ? "accumulators" : "ms"));
+    const bool ftrl = optimizer_ == "ftrl";
+    OP_REQUIRES_OK(ctx, state.Lock(ctx, var0, n, ns_ / n, optimizer_ == "adagrad" || ftrl ? "accumulators" : "ms",
+                                   ftrl ? "linears" : "vs"));
     std::vector<int64_t> rows(n);
     for (int t = 0; t < n; ++t) rows[t] = state.rows(t);
     TfPool pool(ctx);
@@ -352,6 +393,7 @@ class FusedLookupGradApplyOp : public OpKernel {
   GradPrep prep_;
   int nw_, ns_;
   std::string optimizer_;
+  embedlab::FtrlParams ftrl_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabFusedLookupGradApply").Device(DEVICE_CPU), FusedLookupGradApplyOp);

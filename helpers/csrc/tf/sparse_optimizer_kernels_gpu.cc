@@ -29,7 +29,7 @@ using embedlab_tf::Where;
 
 // ---- sparse optimizers -----------------------------------------------------------------------
 
-// `kSlots` resource inputs per table follow the variables (0 SGD, 1 Adagrad, 2 Adam); then
+// `kSlots` resource inputs per table follow the variables (0 SGD, 1 Adagrad, 2 Adam or FTRL); then
 // indices, grads and the scalar hyperparameters (host memory). Duplicate indices are summed
 // on the device (sort-based, deterministic) before the update.
 template <int kSlots>
@@ -51,7 +51,8 @@ void ApplySparseGpu(OpKernel* self, OpKernelContext* ctx, int n, const embedlab:
   size_t ws_bytes = 0;  // all tables share one sort (up to 32 per launch group)
   for (int t = 0; t < n; ++t) {
     const Tensor& w = vars[t];
-    const char* names[3] = {"vars", kSlots == 1 ? "accumulators" : "ms", "vs"};
+    const bool ftrl = opt.kind == embedlab::OptimizerKind::kFtrl;
+    const char* names[3] = {"vars", kSlots == 1 || ftrl ? "accumulators" : "ms", ftrl ? "linears" : "vs"};
     for (int s = 0; s <= kSlots; ++s) {
       const Tensor& v = vars[s * n + t];
       OP_REQUIRES(ctx, v.IsInitialized() && v.dims() == 2 && v.shape() == w.shape(),
@@ -100,6 +101,9 @@ void ApplySparseGpu(OpKernel* self, OpKernelContext* ctx, int n, const embedlab:
       break;
     case embedlab::OptimizerKind::kAdam:
       e = embedlab::sparse_adam_cuda(args.data(), n, opt.adam, ws, ws_bytes, StreamOf(ctx));
+      break;
+    case embedlab::OptimizerKind::kFtrl:
+      e = embedlab::sparse_ftrl_cuda(args.data(), n, opt.ftrl, ws, ws_bytes, StreamOf(ctx));
       break;
   }
   OP_REQUIRES_OK(ctx, CudaStatus(op, e, "the update kernels"));
@@ -179,6 +183,32 @@ class SparseApplyAdamGpuOp : public OpKernel {
   int n_;
 };
 
+class SparseApplyFtrlGpuOp : public OpKernel {
+ public:
+  explicit SparseApplyFtrlGpuOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("num_tables", &n_));
+    OP_REQUIRES_OK(c, c->GetAttr("lr_power", &ftrl_.lr_power));
+    OP_REQUIRES_OK(c, c->GetAttr("l1", &ftrl_.l1));
+    OP_REQUIRES_OK(c, c->GetAttr("l2", &ftrl_.l2));
+    OP_REQUIRES_OK(c, c->GetAttr("l2_shrinkage", &ftrl_.l2_shrinkage));
+    OP_REQUIRES_OK(c, c->GetAttr("beta", &ftrl_.beta));
+    OP_REQUIRES_OK(c, CheckCudaVersions(c->def().op()));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    embedlab::SparseOptimizer o;
+    o.kind = embedlab::OptimizerKind::kFtrl;
+    o.ftrl = ftrl_;
+    OP_REQUIRES_OK(ctx, HostScalar(ctx, 5 * n_, "lr", &o.ftrl.lr));
+    const std::string err = embedlab::check_ftrl(o.ftrl);
+    OP_REQUIRES(ctx, err.empty(), errors::InvalidArgument(type_string(), ": ", err));
+    ApplySparseGpu<2>(this, ctx, n_, o);
+  }
+
+ private:
+  int n_;
+  embedlab::FtrlParams ftrl_;
+};
+
 // Hyperparameters are read on the host: keep them in host memory (no device round trip).
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplySGD").Device(DEVICE_GPU).HostMemory("lr"), SparseApplySgdGpuOp);
 REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdagrad").Device(DEVICE_GPU).HostMemory("lr").HostMemory("epsilon"),
@@ -191,6 +221,7 @@ REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyAdam")
                             .HostMemory("epsilon")
                             .HostMemory("step"),
                         SparseApplyAdamGpuOp);
+REGISTER_KERNEL_BUILDER(Name("EmbedLabSparseApplyFtrl").Device(DEVICE_GPU).HostMemory("lr"), SparseApplyFtrlGpuOp);
 
 }  // namespace
 }  // namespace tensorflow

@@ -22,7 +22,12 @@ REGISTER_OP("EmbedLabFusedLookupGradApply")
     .Attr("num_weights: int >= 0")
     .Attr("num_slots: int >= 0")
     .Attr("combiners: list(string)")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'ftrl'}")
+    .Attr("lr_power: float = -0.5")
+    .Attr("l1: float = 0.0")
+    .Attr("l2: float = 0.0")
+    .Attr("l2_shrinkage: float = 0.0")
+    .Attr("beta: float = 0.0")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc(R"doc(
 Backward of EmbedLabFusedResourceLookup fused with a sparse optimizer update (FBGEMM's
@@ -30,8 +35,9 @@ Backward of EmbedLabFusedResourceLookup fused with a sparse optimizer update (FB
 EmbedLabFusedLookupGrad sums it (into a buffer the kernel reuses, not an output tensor) and the
 optimizer is applied to those table rows in place. Same bits as EmbedLabFusedLookupGrad followed by
 EmbedLabSparseApply<optimizer>. slots: none for sgd, the accumulators for adagrad, m then v
-(num_tables each) for adam. Hyperparameters an optimizer does not use are ignored; step is
-Adam's 1-based step. Every check runs before anything is written.
+(num_tables each) for adam, accumulators then linears for ftrl. Hyperparameters an optimizer does
+not use are ignored; step is Adam's 1-based step; lr_power, l1, l2, l2_shrinkage and beta are
+FTRL's (EmbedLabSparseApplyFtrl). Every check runs before anything is written.
 )doc");
 
 REGISTER_OP("EmbedLabSparseApplySGD")
@@ -69,6 +75,24 @@ REGISTER_OP("EmbedLabSparseApplyAdam")
     .SetShapeFn(shape_inference::NoOutputs)
     .Doc("Lazy Adam (Keras expression order) on the given rows only; step is the 1-based step. "
          "The betas are double so that 1 - beta rounds like Keras' Python-float arithmetic.");
+
+REGISTER_OP("EmbedLabSparseApplyFtrl")
+    .Input("vars: num_tables * resource")
+    .Input("accumulators: num_tables * resource")
+    .Input("linears: num_tables * resource")
+    .Input("indices: num_tables * int64")
+    .Input("grads: num_tables * float")
+    .Input("lr: float")
+    .Attr("num_tables: int >= 1")
+    .Attr("lr_power: float = -0.5")
+    .Attr("l1: float = 0.0")
+    .Attr("l2: float = 0.0")
+    .Attr("l2_shrinkage: float = 0.0")
+    .Attr("beta: float = 0.0")
+    .SetShapeFn(shape_inference::NoOutputs)
+    .Doc("Keras 3 FTRL (keras.optimizers.Ftrl; the update is written out at FtrlParams in "
+         "csrc/core/sparse_optimizer.h) on the given rows only, duplicates summed first: "
+         "accumulators = n, linears = z. lr > 0, lr_power <= 0, l1, l2, l2_shrinkage, beta >= 0.");
 
 REGISTER_OP("EmbedLabGlobalApplyAdam")
     .Input("vars: num_tables * resource")

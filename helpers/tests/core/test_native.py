@@ -571,7 +571,7 @@ def test_core_fused_backward_apply_rejects_bad_input_and_changes_nothing(core, r
         core.lookup_backward_apply(table, o, np.array([3, 10], np.int64), None, "sum", dy, "sgd", 0.1)
     with pytest.raises(ValueError, match="adam needs m"):
         core.lookup_backward_apply(table, o, np.array([3, 1], np.int64), None, "sum", dy, "adam", 0.1)
-    with pytest.raises(ValueError, match="optimizer must be 'sgd', 'adagrad' or 'adam', got 'rmsprop'"):
+    with pytest.raises(ValueError, match="optimizer must be 'sgd', 'adagrad', 'adam' or 'ftrl', got 'rmsprop'"):
         core.lookup_backward_apply(table, o, np.array([3, 1], np.int64), None, "sum", dy, "rmsprop", 0.1)
     np.testing.assert_array_equal(table, before)
 
