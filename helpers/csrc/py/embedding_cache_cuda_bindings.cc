@@ -157,7 +157,9 @@ class PyCudaEmbeddingCache {
         nb::ndarray<int64_t>(missing, 1, shape, owner, nullptr, nb::dtype<int64_t>(), nb::device::cuda::value, dev));
   }
 
-  int64_t write(const char* name, int mode, const Arr& keys, const Arr* values, uintptr_t stream) {
+  // sync = false: enqueue only (no synchronization, no count: returns -1); the caller orders
+  // later work on the cache after it with an event.
+  int64_t write(const char* name, int mode, const Arr& keys, const Arr* values, uintptr_t stream, bool sync = true) {
     const std::string fn = std::string("CudaEmbeddingCache.") + name;
     prepare(fn, keys, values, "values");
     if (mode != 0 && cache_->is_static())
@@ -170,12 +172,13 @@ class PyCudaEmbeddingCache {
     {
       nb::gil_scoped_release r;
       std::lock_guard<std::mutex> l(mu_);
-      if (mode == 0) e = cache_->insert(k, v, n, &count, as_stream(stream));
-      else if (mode == 1) e = cache_->update(k, v, n, &count, as_stream(stream));
-      else e = cache_->erase(k, n, &count, as_stream(stream));
+      int64_t* cnt = sync ? &count : nullptr;
+      if (mode == 0) e = cache_->insert(k, v, n, cnt, as_stream(stream));
+      else if (mode == 1) e = cache_->update(k, v, n, cnt, as_stream(stream));
+      else e = cache_->erase(k, n, cnt, as_stream(stream));
     }
     cuda_check(fn, e, name);
-    return count;
+    return sync ? count : -1;
   }
 
   int64_t size(uintptr_t stream) {
@@ -250,12 +253,20 @@ EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
            "The hit path without synchronization: hit rows copied into out, hit_mask[i] (uint8, optional)\n"
            "set to 1 for a hit and 0 for a miss; miss rows untouched.")
       .def("insert",
-           [](PyCudaEmbeddingCache& c, const Arr& k, const Arr& v, uintptr_t s) { return c.write("insert", 0, k, &v, s); },
-           nb::arg("keys"), nb::arg("values"), nb::arg("stream") = 0, "Returns the number of positions stored.")
+           [](PyCudaEmbeddingCache& c, const Arr& k, const Arr& v, uintptr_t s, bool sync) {
+             return c.write("insert", 0, k, &v, s, sync);
+           },
+           nb::arg("keys"), nb::arg("values"), nb::arg("stream") = 0, nb::arg("sync") = true,
+           "Returns the number of positions stored. sync=False only enqueues the insert on `stream`\n"
+           "(no synchronization) and returns -1: order later calls after it with an event, and keep\n"
+           "keys and values alive until it has run.")
       .def("update",
-           [](PyCudaEmbeddingCache& c, const Arr& k, const Arr& v, uintptr_t s) { return c.write("update", 1, k, &v, s); },
-           nb::arg("keys"), nb::arg("values"), nb::arg("stream") = 0,
-           "Overwrites present keys only; returns how many positions were present.")
+           [](PyCudaEmbeddingCache& c, const Arr& k, const Arr& v, uintptr_t s, bool sync) {
+             return c.write("update", 1, k, &v, s, sync);
+           },
+           nb::arg("keys"), nb::arg("values"), nb::arg("stream") = 0, nb::arg("sync") = true,
+           "Overwrites present keys only; returns how many positions were present (-1 with sync=False,\n"
+           "which only enqueues, as insert's).")
       .def("erase", [](PyCudaEmbeddingCache& c, const Arr& k, uintptr_t s) { return c.write("erase", 2, k, nullptr, s); },
            nb::arg("keys"), nb::arg("stream") = 0, "Removes present keys; returns the number removed.")
       .def("clear", &PyCudaEmbeddingCache::clear, nb::arg("stream") = 0)

@@ -352,9 +352,10 @@ def _parse_model(i: int, d, base: Path, report) -> ModelConfig:
     if "cache_refresh_percentage_per_iteration" in d:
         m.cache_refresh_percentage_per_iteration = _float(
             where + "cache_refresh_percentage_per_iteration", d["cache_refresh_percentage_per_iteration"], 0.0, 1.0)
-    # Read and checked, but with no effect on this CPU implementation: reported too.
+    # Read and checked, but with no effect in this implementation: reported too. (Which tier a
+    # model's cache got, on its deployed_device_list or in host memory, the ParameterServer
+    # reports: only it knows whether a GPU is there.)
     checked_no_effect = {
-        "deployed_device_list": "one host-memory server per process serves every device",
         "max_batch_size": "lookups of any size are served (no preallocated GPU buffers)",
         "maxnum_catfeature_query_per_table_per_sample": "lookups of any size are served (no preallocated GPU buffers)",
         "cache_refresh_percentage_per_iteration": "refresh() updates every cached row in one pass",
@@ -371,7 +372,18 @@ def _parse_model(i: int, d, base: Path, report) -> ModelConfig:
 
 
 def parse_config(d: dict, source: str = "<dict>", base: Path | None = None) -> HPSConfig:
-    """Checks an HPS config already loaded as a dict (see :func:`load_config`)."""
+    """Checks an HPS config already loaded as a dict (see :func:`load_config`); a field error
+    names ``source`` (the file) when it is not ``"<dict>"``."""
+    try:
+        return _parse_config(d, source, base)
+    except HPSConfigError as e:
+        msg = str(e)
+        if source != "<dict>" and msg.startswith("HPS config: "):
+            raise HPSConfigError(f"HPS config {source}: {msg[len('HPS config: '):]}") from e
+        raise
+
+
+def _parse_config(d: dict, source: str, base: Path | None) -> HPSConfig:
     if not isinstance(d, dict):
         raise HPSConfigError(f"HPS config {source}: the top level must be a JSON object, got {type(d).__name__}")
     report: list[str] = []
@@ -410,7 +422,8 @@ def load_config(ps_config) -> HPSConfig:
         fields (also logged once as a warning).
 
     Raises:
-        HPSConfigError: unreadable file, invalid JSON, or a bad value (the message names the field).
+        HPSConfigError: unreadable file, a file that is not UTF-8, invalid JSON, or a bad value
+            (the message names the file, when one was given, and the field).
 
     Example:
         >>> c = load_config({"models": [{"model": "m", "sparse_files": ["/x"],
@@ -425,9 +438,12 @@ def load_config(ps_config) -> HPSConfig:
     else:
         path = Path(ps_config)
         try:
-            text = path.read_text()
+            text = path.read_bytes().decode("utf-8")
         except OSError as e:
             raise HPSConfigError(f"HPS config {path}: cannot read it ({e.strerror or e})") from e
+        except UnicodeDecodeError as e:
+            raise HPSConfigError(f"HPS config {path}: not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset "
+                                 f"{e.start} ({e.reason}); JSON files are UTF-8") from e
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:

@@ -14,6 +14,7 @@ TensorFlow (the Triton python backend runs the server without it).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -24,8 +25,8 @@ import numpy as np
 
 log = logging.getLogger("embedlab.hps")
 
-__all__ = ["TierUnavailable", "TierFull", "TierError", "CacheTier", "HashMapTier", "RedisTier", "RocksDBTier",
-           "redis_unavailable_errors"]
+__all__ = ["TierUnavailable", "TierFull", "TierError", "CacheTier", "GpuCacheTier", "DeviceArrays", "HashMapTier",
+           "RedisTier", "RocksDBTier", "gpu_tier_available", "redis_unavailable_errors"]
 
 
 class TierUnavailable(RuntimeError):
@@ -125,6 +126,389 @@ class CacheTier:
         self._tables.clear()
 
 
+# ---- the embedding cache on a GPU -----------------------------------------------------------
+
+class DeviceArrays:
+    """The few device-array operations the GPU tier needs, over PyTorch (preferred) or CuPy.
+
+    Keys and rows cross frameworks through DLPack, zero-copy: a CuPy or TensorFlow tensor on the
+    GPU is read in place, and a result can be handed back in the caller's framework. Work is
+    enqueued on the backend's current stream of the device (``torch.cuda.current_stream(d)``,
+    CuPy's current stream), so a lookup is ordered after the caller's earlier work there.
+
+    Args:
+        name: ``"torch"`` or ``"cupy"``; None picks PyTorch when it sees a GPU, else CuPy.
+
+    Example:
+        >>> xp = DeviceArrays()                       # doctest: +SKIP
+        >>> xp.get(xp.put(np.arange(3), 0)).tolist()  # doctest: +SKIP
+        [0, 1, 2]
+    """
+
+    def __init__(self, name: str | None = None):
+        errors = []
+        for cand in ([name] if name else ["torch", "cupy"]):
+            try:
+                if cand == "torch":
+                    import torch
+                    if not torch.cuda.is_available():
+                        raise RuntimeError("torch.cuda.is_available() is False")
+                    self.t = torch
+                elif cand == "cupy":
+                    import cupy
+                    if cupy.cuda.runtime.getDeviceCount() < 1:
+                        raise RuntimeError("CuPy sees no GPU")
+                    self.cp = cupy
+                else:
+                    raise ValueError(f"DeviceArrays: name must be 'torch' or 'cupy', got {cand!r}")
+                self.name = cand
+                return
+            except ImportError as e:
+                errors.append(f"{cand}: {e}")
+            except RuntimeError as e:
+                errors.append(f"{cand}: {e}")
+        raise RuntimeError("the GPU tier needs PyTorch or CuPy with CUDA (" + "; ".join(errors) + ")")
+
+    # -- framework of an object ---------------------------------------------------------------
+    @staticmethod
+    def framework(x) -> str:
+        """"torch" / "cupy" for their device arrays, "dlpack" for another CUDA DLPack object
+        (a TensorFlow GPU tensor, a capsule), "" for host arrays."""
+        if type(x) is np.ndarray:
+            return ""
+        mod = type(x).__module__
+        if mod.startswith("torch"):
+            return "torch" if getattr(x, "is_cuda", False) else ""
+        if mod.startswith("cupy"):
+            return "cupy"
+        if type(x).__name__ == "PyCapsule":
+            return "dlpack"
+        dev = getattr(x, "__dlpack_device__", None)
+        if dev is not None and not isinstance(x, np.ndarray):
+            try:
+                return "dlpack" if int(dev()[0]) in (2, 3, 13) else ""    # kDLCUDA, kDLCUDAHost, managed
+            except Exception:
+                return ""
+        return ""
+
+    def import_array(self, x):
+        """A device array of this backend viewing x (zero-copy DLPack), or x itself."""
+        if self.name == "torch":
+            return x if isinstance(x, self.t.Tensor) else self.t.utils.dlpack.from_dlpack(x)
+        return x if isinstance(x, self.cp.ndarray) else self.cp.from_dlpack(x)
+
+    def export_array(self, x, framework: str):
+        """x (this backend's) as an array of `framework` ("torch" / "cupy"; others get this backend's)."""
+        if framework == self.name or framework not in ("torch", "cupy"):
+            return x
+        if framework == "cupy":
+            import cupy
+            return cupy.from_dlpack(x)
+        import torch
+        return torch.utils.dlpack.from_dlpack(x)
+
+    # -- arrays ---------------------------------------------------------------------------------
+    def fast_keys(self, x) -> bool:
+        """True when x is already a contiguous 1-D int64 device array (nothing to check or convert)."""
+        if self.name == "torch":
+            return x.dtype is self.t.int64 and x.dim() == 1 and x.is_contiguous()
+        return x.dtype == np.int64 and x.ndim == 1 and x.flags.c_contiguous
+
+    def dtype_name(self, x) -> str:
+        return str(x.dtype).replace("torch.", "")
+
+    def device_of(self, x) -> int:
+        return int(x.device.index) if self.name == "torch" else int(x.device.id)
+
+    def as_int64_1d(self, x):
+        if self.name == "torch":
+            if x.dtype != self.t.int64:
+                x = x.to(self.t.int64)
+            return x if x.is_contiguous() else x.contiguous()
+        return self.cp.ascontiguousarray(x, dtype=self.cp.int64)
+
+    def empty(self, shape, dtype, device: int):
+        if self.name == "torch":
+            return self.t.empty(shape, dtype=getattr(self.t, np.dtype(dtype).name), device=f"cuda:{device}")
+        with self.cp.cuda.Device(device):
+            return self.cp.empty(shape, dtype=dtype)
+
+    def put(self, a: np.ndarray, device: int, stream=None):
+        """Host -> device copy of a (on `stream`, else the current stream of the device)."""
+        a = np.ascontiguousarray(a)
+        if self.name == "torch":
+            with (self.t.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
+                return self.t.from_numpy(a).to(f"cuda:{device}")
+        with self.cp.cuda.Device(device), (stream if stream is not None else contextlib.nullcontext()):
+            return self.cp.asarray(a)
+
+    def get(self, x) -> np.ndarray:
+        """Device -> host copy (waits for the work that produced x on the current stream)."""
+        if self.name == "torch":
+            return x.cpu().numpy()
+        return self.cp.asnumpy(x)
+
+    def take(self, x, idx):
+        return x[idx]
+
+    def scatter(self, out, idx, rows) -> None:
+        out[idx] = rows
+
+    def min_max(self, x) -> tuple[int, int]:
+        return int(x.min()), int(x.max())
+
+    # -- streams and events ---------------------------------------------------------------------
+    def current_stream(self, device: int):
+        if self.name == "torch":
+            return self.t.cuda.current_stream(device)
+        with self.cp.cuda.Device(device):
+            return self.cp.cuda.get_current_stream()
+
+    def current_stream_ptr(self, device: int) -> int:
+        """The current stream's cudaStream_t (PyTorch: read without building a Stream object)."""
+        if self.name == "torch":
+            raw = getattr(self.t._C, "_cuda_getCurrentRawStream", None)
+            return int(raw(device)) if raw is not None else int(self.t.cuda.current_stream(device).cuda_stream)
+        with self.cp.cuda.Device(device):
+            return int(self.cp.cuda.get_current_stream().ptr)
+
+    def stream_ptr(self, s) -> int:
+        return int(s.cuda_stream) if self.name == "torch" else int(s.ptr)
+
+    def new_stream(self, device: int):
+        if self.name == "torch":
+            return self.t.cuda.Stream(device=device)
+        with self.cp.cuda.Device(device):
+            return self.cp.cuda.Stream(non_blocking=True)
+
+    def record(self, stream):
+        """A new event recorded on `stream` now."""
+        if self.name == "torch":
+            ev = self.t.cuda.Event()
+            ev.record(stream)
+            return ev
+        ev = self.cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def wait(self, stream, event) -> None:
+        """`stream`'s later work waits (on the GPU) for `event`; the host does not wait."""
+        stream.wait_event(event)
+
+    def device_context(self, device: int):
+        """The device made current for CuPy's calls; PyTorch's calls here name their device, so
+        for PyTorch nothing is switched (a device switch costs microseconds per lookup)."""
+        if self.name == "torch":
+            return contextlib.nullcontext()
+        return self.cp.cuda.Device(device)
+
+
+def gpu_tier_available() -> tuple[int, str]:
+    """(number of visible GPUs, "") when the GPU tier can run here, else (0, the reason).
+
+    It runs where ``_embedlab_core`` was built with CUDA (``CudaEmbeddingCache``), a GPU is
+    visible, and PyTorch or CuPy can put arrays on it.
+    """
+    try:
+        from .._native import core
+        c = core()
+    except Exception as e:  # the reason is reported, never swallowed silently
+        return 0, f"the native module does not load ({e})"
+    if not getattr(c, "cuda_built", False) or not hasattr(c, "CudaEmbeddingCache"):
+        return 0, "EmbedLab was built without CUDA (no CudaEmbeddingCache)"
+    n = int(c.cuda_device_count()) if hasattr(c, "cuda_device_count") else 0
+    if n == 0:
+        return 0, "no CUDA device is visible"
+    try:
+        DeviceArrays()
+    except RuntimeError as e:
+        return 0, str(e)
+    return n, ""
+
+
+class _RWLock:
+    """Many holders of ``read`` or one of ``write``; a waiting writer holds back new readers."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def read(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def write(self):
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class GpuCacheTier:
+    """The embedding caches of one GPU: a ``CudaEmbeddingCache`` per table (HugeCTR's layout:
+    every deployed device has its own caches over the shared CPU tiers).
+
+    Ordering (the kernels' contract, ``embedding_cache.h``: a lookup kernel must not run while a
+    write kernel of the same cache runs). Lookups run on the caller's current stream and
+    synchronize it before they return (the miss count decides what comes next), so a lookup's
+    kernels are finished when it returns; lookups of several threads may overlap each other.
+    Writes (insert, update, erase, clear) are enqueued on this device's write stream while no
+    lookup is in flight (``_RWLock``), each records an event, and every later lookup's stream
+    waits for the last one on the GPU: the host never waits for an insert it did not ask to wait
+    for, and no lookup kernel overlaps a write kernel.
+
+    Args:
+        device: the CUDA device ordinal.
+        static: HugeCTR's static cache (filled at start-up, never updated).
+        arrays: the :class:`DeviceArrays` backend.
+        ways: set associativity.
+
+    Example:
+        >>> t = GpuCacheTier(0, static=False, arrays=DeviceArrays())   # doctest: +SKIP
+        >>> t.add_table("hps_et.demo.t0", dim=16, capacity=1024)       # doctest: +SKIP
+    """
+    name = "cache"
+
+    def __init__(self, device: int, static: bool, arrays: DeviceArrays, ways: int = 8):
+        from .._native import core
+        self._core = core()
+        self.device = int(device)
+        self.static = bool(static)
+        self.xp = arrays
+        self._ways = ways
+        self._tables: dict[str, object] = {}
+        self._lock = _RWLock()
+        self._write_stream = arrays.new_stream(self.device)
+        self._write_ptr = arrays.stream_ptr(self._write_stream)
+        self._last_write = None         # event of the last write enqueued (a new event each time)
+        self._scratch = threading.local()
+
+    def add_table(self, table: str, dim: int, capacity: int) -> None:
+        capacity = max(int(capacity), self._ways)
+        self._tables[table] = self._core.CudaEmbeddingCache(capacity, dim, ways=self._ways, static=self.static,
+                                                            device=self.device)
+
+    def capacity(self, table: str) -> int:
+        return int(self._tables[table].capacity)
+
+    def _missing_buffer(self, n: int):
+        """A per-thread int64 device buffer of at least n entries (the miss positions' room)."""
+        buf = getattr(self._scratch, "missing", None)
+        if buf is None or buf.shape[0] < n:
+            buf = self.xp.empty((max(n, 1024),), np.int64, self.device)
+            self._scratch.missing = buf
+        return buf
+
+    def lookup(self, table: str, keys, out):
+        """Copies the cached rows of device `keys` into device `out`; returns the miss positions
+        (int64, ascending, a device view valid until this thread's next lookup on this device).
+        Runs on the current stream of this device and synchronizes it."""
+        cache = self._tables[table]
+        missing = self._missing_buffer(keys.shape[0])
+        ptr = self.xp.current_stream_ptr(self.device)
+        sc = self._scratch
+        with self._lock.read():
+            ev = self._last_write
+            # A stream that already waits for this write need not wait again (stream order).
+            if ev is not None and getattr(sc, "waited", None) != (ptr, id(ev)):
+                self.xp.current_stream(self.device).wait_event(ev)
+                sc.waited = (ptr, id(ev))
+                sc.event = ev       # keeps it alive, so its id is not reused while remembered
+            return cache.lookup(keys, out, stream=ptr, missing=missing)
+
+    def insert_async(self, table: str, keys, rows, ready, check=None):
+        """Enqueues the insertion of device rows (after event `ready`, where they were produced)
+        on the write stream; returns its event, or None when ``check()`` (called with the order
+        fixed, no lookup in flight) says the rows must not go in. The caller keeps keys and rows
+        alive until the event has completed."""
+        with self._lock.write():
+            if check is not None and not check():
+                return None
+            ws = self._write_stream
+            if ready is not None:
+                ws.wait_event(ready)
+            self._tables[table].insert(keys, rows, stream=self._write_ptr, sync=False)
+            ev = self.xp.record(ws)
+            self._last_write = ev
+            return ev
+
+    def _write_host(self, table: str, op: str, keys: np.ndarray, values: np.ndarray | None) -> int:
+        """insert / update / erase of host rows, on the write stream, waited for; returns the count."""
+        with self._lock.write():
+            ws = self._write_stream
+            k = self.xp.put(np.ascontiguousarray(keys, dtype=np.int64), self.device, stream=ws)
+            args = (k,) if values is None else (k, self.xp.put(np.ascontiguousarray(values, np.float32),
+                                                                self.device, stream=ws))
+            n = getattr(self._tables[table], op)(*args, stream=self._write_ptr)
+            self._last_write = self.xp.record(ws)
+            return int(n)
+
+    def find(self, table, keys, out):
+        """The host interface of the other tiers (tests, tools): host keys -> host rows."""
+        xp = self.xp
+        with xp.device_context(self.device):
+            dk = xp.put(np.ascontiguousarray(keys, np.int64), self.device)
+            dout = xp.empty((keys.shape[0], out.shape[1]), np.float32, self.device)
+            miss = xp.get(self.lookup(table, dk, dout)).astype(np.int64)
+            rows = xp.get(dout)
+        hit = np.ones(keys.shape[0], bool)
+        hit[miss] = False
+        out[hit] = rows[hit]
+        return miss
+
+    def insert(self, table, keys, values):
+        return self._write_host(table, "insert", keys, values)
+
+    def update(self, table, keys, values) -> int:
+        """Overwrites rows already cached (others are not inserted); returns how many."""
+        return self._write_host(table, "update", keys, values)
+
+    def erase(self, table, keys):
+        return self._write_host(table, "erase", keys, None)
+
+    def size(self, table) -> int:
+        with self._lock.write():
+            return int(self._tables[table].size(stream=self._write_ptr))
+
+    def clear(self, table=None):
+        with self._lock.write():
+            for t, c in self._tables.items():
+                if table is None or t == table:
+                    c.clear(stream=self._write_ptr)
+            self._last_write = self.xp.record(self._write_stream)
+
+    def stats(self, table):
+        with self._lock.write():
+            return self._tables[table].stats(stream=self._write_ptr)
+
+    def close(self):
+        with self._lock.write():
+            if self._last_write is not None:
+                self._last_write.synchronize()
+            self._tables.clear()
+
+
 class HashMapTier:
     """The in-process volatile database (``hash_map`` / ``parallel_hash_map``): HashMapStore.
 
@@ -221,7 +605,7 @@ class RedisTier:
     cluster's slot map, asking the node that failed last.
 
     Replies are parsed by ``hiredis`` (pinned next to ``redis``; the client uses it when installed):
-    with redis-py's pure-Python parser a 2,048-key lookup took about twice as long. Rows are
+    with redis-py's pure-Python parser a 2,048-key lookup takes about twice as long. Rows are
     copied out with one ``b"".join`` per reply, not one NumPy call per key.
     """
     name = "volatile"
@@ -512,7 +896,7 @@ class RocksDBTier:
     A lookup sorts its keys (neighbouring keys share index and data blocks) and splits them into
     chunks that ``min(persistent_db.num_threads, cores)`` threads fetch at once: rocksdict
     releases the GIL for RocksDB's batched MultiGet, so one thread's multi-get runs while another
-    copies its values into the output. Numbers: helpers/benchmarks/RESULTS.md, ``## hps_db``.
+    copies its values into the output. Numbers: the documentation's benchmarks page, hps_db.
     """
     BLOCK_CACHE_BYTES = 256 << 20
     MIN_CHUNK = 4096          # keys per multi-get below which splitting a lookup costs more than it saves

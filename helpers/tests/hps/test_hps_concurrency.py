@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from embedlab.hps import ParameterServer
-from embedlab.hps.redis import RedisServer
+from embedlab.services.redis_server import RedisServer
 
 from hps_testing import Table, needs_native_tiers
 
@@ -45,7 +45,8 @@ def _config(tab, redis_node, tmp_path, **model):
 
 def test_hung_redis_does_not_block_a_lookup_the_cache_answers(redis_node, tmp_path, rng):
     tab = Table(tmp_path / "t", n=500, dim=8, rng=rng)
-    ps = ParameterServer(_config(tab, redis_node, tmp_path, embedding_cache_type="static"))
+    ps = ParameterServer(_config(tab, redis_node, tmp_path, embedding_cache_type="static"),
+                         gpu_cache=False)     # inspects the host cache
     try:
         timeout = ps.volatile.socket_timeout
         # The keys the static cache holds (a key whose set was full at start-up is not in it).
@@ -110,7 +111,8 @@ def test_lookups_racing_updates_never_stale(redis_node, tmp_path, rng, threshold
     write_sparse_model(tab.path, keys, _rows(keys, np.zeros(n), dim))
     # Half of the rows start in Redis, a cache for a third of them: rows move up on every miss.
     ps = ParameterServer(_config(tab, redis_node, tmp_path, gpucacheper=0.3, initial_cache_rate=0.5,
-                                 hit_rate_threshold=threshold), retry_seconds=0.0)
+                                 hit_rate_threshold=threshold), retry_seconds=0.0,
+                         gpu_cache=False)     # inspects the host cache
     real_insert = ps.volatile.insert
 
     delays = np.random.default_rng(rng.integers(2**31))

@@ -51,11 +51,12 @@ def test_full_documented_config_is_read():
     reported = {r.split(":")[0] for r in c.report}
     for f in ("fuse_embedding_table", "volatile_db.enable_tls", "volatile_db.shared_memory_size",
               "models[0].dense_file", "models[0].slot_num", "models[0].use_context_stream",
-              "models[0].deployed_device_list", "models[0].cache_refresh_percentage_per_iteration"):
+              "models[0].cache_refresh_percentage_per_iteration"):
         assert f in reported, f
-    # Every field that steers the server is not reported.
+    # Every field that steers the server is not reported (deployed_device_list: the server says
+    # which tier each model's cache got).
     for f in ("models[0].gpucacheper", "volatile_db.num_partitions", "persistent_db.read_only",
-              "persistent_db.num_threads"):
+              "persistent_db.num_threads", "models[0].deployed_device_list"):
         assert f not in reported
     print("ok")
 

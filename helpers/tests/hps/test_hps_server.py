@@ -157,7 +157,7 @@ def test_hit_rate_threshold(threshold, sync, tmp_path):
     tab = Table(tmp_path / "t", n=1000, dim=8)
     cfg = _cfg({("h", "t"): tab}, volatile={"type": "hash_map"}, gpucache=True, gpucacheper=1.0,
                hit_rate_threshold=threshold)
-    ps = ParameterServer(cfg)
+    ps = ParameterServer(cfg, gpu_cache=False)       # inspects the host cache
     q = tab.keys[:100]      # 100 keys in 125 sets of 8 ways: no set overflows
     assert np.array_equal(ps.lookup("h", 0, q), tab.expect(q))
     t = ps.stats()["tables"]["h/0"]

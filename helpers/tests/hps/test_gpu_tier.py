@@ -1,0 +1,264 @@
+"""The HPS GPU tier: one CudaEmbeddingCache per table per deployed device, over the CPU tiers.
+
+The GPU-tier server must return the same bits as the CPU-tier server built from the same JSON,
+for the same key stream: Zipf and uniform keys with repeats, absent keys (defaults), int64 keys
+at both ends of the range, host and device keys, with updates and refreshes between lookups and
+caches small enough to evict. Under lookups from several threads while updates run, every row is
+one the key held, and a lookup that starts after an update returns sees the new rows. On two
+GPUs, each device's caches hold their own working set and answer alike. A device the model is
+not deployed on is a clear error.
+
+The GPU tests skip, with the reason, where the module has no CUDA kernels, no GPU is visible or
+neither PyTorch nor CuPy can use it; the last tests check the CPU fallback where that is so.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+from embedlab.hps import HPSLookupError, ParameterServer, TierError
+from embedlab.hps.tiers import gpu_tier_available
+from embedlab.sparse_model import write_sparse_model
+
+import gpu_arrays
+
+needs_cache = pytest.mark.needs_gpu("CudaEmbeddingCache")
+I64 = np.iinfo(np.int64)
+
+
+class Tab:
+    """A random table whose keys include both ends of int64, 0 and -1; values encode (key, version)."""
+
+    def __init__(self, path, rng, n, dim):
+        k = np.unique(np.concatenate([rng.integers(I64.min, I64.max, 2 * n, dtype=np.int64),
+                                      rng.integers(-50, 50, 64),
+                                      [I64.min, I64.min + 1, I64.max, I64.max - 1, 0, -1]]))
+        edge = np.array([I64.min, I64.min + 1, I64.max, I64.max - 1, 0, -1], np.int64)
+        rest = rng.permutation(np.setdiff1d(k, edge))[: n - edge.size]
+        self.keys = rng.permutation(np.concatenate([edge, rest]))
+        self.dim, self.path, self.rng = dim, path, rng
+        self.vectors = rng.standard_normal((n, dim)).astype(np.float32)
+        write_sparse_model(path, self.keys, self.vectors)
+
+    def absent(self, m):
+        a = self.rng.integers(I64.min, I64.max, m, dtype=np.int64)
+        return a[~np.isin(a, self.keys)]
+
+    def stream(self, m, dist):
+        """m keys: Zipf(1.1) or uniform over the table's keys, 3 % absent keys, the int64 ends."""
+        if dist == "zipf":
+            idx = (self.rng.zipf(1.1, m) - 1) % self.keys.size
+        else:
+            idx = self.rng.integers(0, self.keys.size, m)
+        q = np.concatenate([self.keys[idx], self.absent(max(1, m // 32)), [I64.min, I64.max]])
+        return self.rng.permutation(q)
+
+
+def _json(tabs, cache_type="dynamic", per=0.05, devices=(0,), thr=0.9, initial_rate=1.0):
+    return {"volatile_db": {"type": "parallel_hash_map", "initial_cache_rate": initial_rate},
+            "persistent_db": {"type": "disabled"},
+            "models": [{"model": "m", "sparse_files": [str(t.path) for t in tabs],
+                        "embedding_table_names": [f"t{i}" for i in range(len(tabs))],
+                        "embedding_vecsize_per_table": [t.dim for t in tabs],
+                        "default_value_for_each_table": [0.25 * (i + 1) for i in range(len(tabs))],
+                        "deployed_device_list": list(devices), "gpucache": True, "gpucacheper": per,
+                        "hit_rate_threshold": thr, "embedding_cache_type": cache_type}]}
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def _dev():
+    _, dev, _ = gpu_arrays.core_and_device("CudaEmbeddingCache")
+    return dev
+
+
+def _gpu_count():
+    return gpu_tier_available()[0]
+
+
+@needs_cache
+@pytest.mark.parametrize("cache_type", ["dynamic", "static"])
+@pytest.mark.parametrize("dist", ["zipf", "uniform"])
+def test_same_bits_as_cpu_tier(tmp_path, rng, cache_type, dist):
+    tabs = [Tab(tmp_path / "a", rng, 6000, 16), Tab(tmp_path / "b", rng, 3000, 128), Tab(tmp_path / "c", rng, 2000, 5)]
+    js = _json(tabs, cache_type, per=0.05, thr=0.5)
+    dev = _dev()
+    with ParameterServer(js, gpu_cache=True) as g, ParameterServer(js, gpu_cache=False) as c:
+        assert g.stats()["models"]["m"] == {"cache_tier": "gpu", "devices": [0]}
+        assert c.stats()["models"]["m"]["cache_tier"] == "cpu"
+        for step in range(36):
+            t = step % len(tabs)
+            q = tabs[t].stream(int(rng.integers(1, 6000)), dist)
+            want, wdef = c.lookup("m", t, q, return_defaulted=True)
+            how = step % 3
+            if how == 0:        # host keys, host rows
+                got, gdef = g.lookup("m", t, q, return_defaulted=True)
+            else:               # device keys (the test's framework), rows on the device
+                got, gdef = g.lookup("m", t, dev.put(q), return_defaulted=True, device=0 if how == 1 else None)
+                got, gdef = dev.get(got), dev.get(gdef)
+            assert got.shape == want.shape and got.dtype == np.float32
+            np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"step {step}, table {t}")
+            np.testing.assert_array_equal(gdef, wdef)
+            assert wdef.any(), "the stream holds absent keys"
+            if step % 7 == 6 and cache_type == "dynamic":
+                k = tabs[t].rng.choice(tabs[t].keys, 500, replace=False)
+                v = rng.standard_normal((500, tabs[t].dim)).astype(np.float32)
+                assert g.update("m", t, k, v) == c.update("m", t, k, v) == 500
+                np.testing.assert_array_equal(_bits(g.lookup("m", t, k)), _bits(v))
+            if step % 11 == 10:
+                tabs[t].vectors = rng.standard_normal(tabs[t].vectors.shape).astype(np.float32)
+                write_sparse_model(tabs[t].path, tabs[t].keys, tabs[t].vectors)
+                assert g.refresh("m") == c.refresh("m")
+                np.testing.assert_array_equal(_bits(g.lookup("m", t, tabs[t].keys)), _bits(tabs[t].vectors))
+        g.wait_background()
+        st = g.stats()
+        d0 = st["tiers"]["cache"]["devices"]["cuda:0"]
+        assert d0["hits"] > 0 and d0["misses"] > 0
+        if cache_type == "dynamic":
+            assert d0["sync_inserts"] + d0["async_inserts"] > 0
+            ev = sum(g._gpu_caches[("dynamic", 0)].stats(f"hps_et.m.t{i}")["evictions"] for i in range(3))
+            assert ev > 0, "the caches (5 % of the rows) must have evicted"
+
+
+@needs_cache
+def test_async_inserts_above_threshold_and_sync_below(tmp_path, rng):
+    tab = Tab(tmp_path / "a", rng, 4000, 16)
+    with ParameterServer(_json([tab], per=0.5, thr=0.5), gpu_cache=True) as ps:
+        ps.lookup("m", 0, tab.keys[:1000])                   # all misses: hit rate 0 < 0.5, sync
+        st = ps.stats()["tables"]["m/0"]
+        assert st["sync_cache_inserts"] == 1000 and st["async_cache_inserts"] == 0
+        q = np.concatenate([tab.keys[:900], tab.keys[1000:1100]])   # about 90 % hits: asynchronous
+        m0 = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]["misses"]
+        np.testing.assert_array_equal(ps.lookup("m", 0, q), tab.vectors[np.r_[0:900, 1000:1100]])
+        missed = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]["misses"] - m0
+        assert 100 <= missed <= 150, "the 100 new keys, and the few the sets could not hold"
+        ps.wait_background()
+        assert ps.stats()["tables"]["m/0"]["async_cache_inserts"] == missed
+        d0 = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]
+        before = d0["hits"]
+        ps.lookup("m", 0, tab.keys[1000:1100])
+        assert ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]["hits"] >= before + 90
+
+
+@needs_cache
+def test_concurrent_lookups_with_updates(tmp_path, rng):
+    """Threads look up (host and device keys) while the main thread updates a hot key set in
+    versions: every row returned is one of the versions its key held; after each update returns,
+    a new lookup sees that version exactly."""
+    tab = Tab(tmp_path / "a", rng, 8000, 32)
+    hot = tab.keys[:400]
+    versions = [tab.vectors[:400]]
+    dev = _dev()
+    errors = []
+    stop = threading.Event()
+    pos = {int(k): i for i, k in enumerate(tab.keys)}
+    lock = threading.Lock()
+
+    with ParameterServer(_json([tab], per=0.1, thr=0.95), gpu_cache=True) as ps:
+        def reader(seed):
+            r = np.random.default_rng(seed)
+            i = 0
+            while not stop.is_set() and not errors:
+                q = np.concatenate([hot[r.integers(0, 400, 300)], tab.keys[r.integers(0, tab.keys.size, 700)]])
+                try:
+                    rows = ps.lookup("m", 0, q) if i % 2 else dev.get(ps.lookup("m", 0, dev.put(q), device=0))
+                except Exception as e:  # reported by the main thread
+                    errors.append(repr(e))
+                    return
+                with lock:
+                    vs = list(versions)
+                for j, k in enumerate(q):
+                    p = pos[int(k)]
+                    if p < 400:
+                        if not any(np.array_equal(rows[j], v[p]) for v in vs):
+                            errors.append(f"hot key {k}: a row it never held")
+                    elif not np.array_equal(rows[j], tab.vectors[p]):
+                        errors.append(f"key {k}: wrong row")
+                i += 1
+
+        threads = [threading.Thread(target=reader, args=(int(s),)) for s in rng.integers(0, 2**31, 4)]
+        for t in threads:
+            t.start()
+        try:
+            for v in range(1, 9):
+                new = rng.standard_normal((400, 32)).astype(np.float32)
+                with lock:
+                    versions.append(new)
+                ps.update("m", 0, hot, new)
+                np.testing.assert_array_equal(ps.lookup("m", 0, hot), new)
+                np.testing.assert_array_equal(dev.get(ps.lookup("m", 0, dev.put(hot), device=0)), new)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not errors, errors[:5]
+        ps.wait_background()
+        np.testing.assert_array_equal(ps.lookup("m", 0, hot), versions[-1])
+
+
+@needs_cache
+def test_undeployed_device_is_a_clear_error(tmp_path, rng):
+    tab = Tab(tmp_path / "a", rng, 500, 8)
+    dev = _dev()
+    with ParameterServer(_json([tab], devices=(0,)), gpu_cache=True) as ps:
+        with pytest.raises(HPSLookupError, match=r"deployed on GPU device\(s\) \[0\].*device 1 is not"):
+            ps.lookup("m", 0, tab.keys[:10], device=1)
+        with pytest.raises(HPSLookupError, match="device must be a CUDA device"):
+            ps.lookup("m", 0, tab.keys[:10], device="tpu")
+        with pytest.raises(HPSLookupError, match="int64"):
+            ps.lookup("m", 0, dev.put(np.zeros(3, np.float32)))
+        out = ps.lookup("m", 0, tab.keys[:10], device="cuda:0")
+        np.testing.assert_array_equal(dev.get(out), tab.vectors[:10])
+    with pytest.raises(TierError, match="deployed_device_list names device"):
+        ParameterServer(_json([tab], devices=(0, 64)), gpu_cache=True)
+
+
+@needs_cache
+def test_two_devices_hold_their_own_working_sets(tmp_path, rng):
+    if _gpu_count() < 2:
+        pytest.skip(f"needs 2 GPUs, {_gpu_count()} visible")
+    import torch
+    tab = Tab(tmp_path / "a", rng, 20000, 16)
+    a, b = tab.keys[:2000], tab.keys[10000:12000]
+    js = _json([tab], per=0.2, devices=(0, 1), thr=0.0)   # threshold 0: every insert is asynchronous
+    with ParameterServer(js, gpu_cache=True) as ps, ParameterServer(js, gpu_cache=False) as cpu:
+        for _ in range(3):
+            for d, ws in ((0, a), (1, b)):
+                q = ws[rng.integers(0, ws.size, 3000)]
+                got = ps.lookup("m", 0, torch.from_numpy(q).to(f"cuda:{d}"))
+                assert got.device.index == d
+                np.testing.assert_array_equal(_bits(got.cpu().numpy()), _bits(cpu.lookup("m", 0, q)))
+        ps.wait_background()
+        c0, c1 = ps._gpu_caches[("dynamic", 0)], ps._gpu_caches[("dynamic", 1)]
+        name = "hps_et.m.t0"
+        buf = np.empty((2000, 16), np.float32)
+        # A set-associative cache of 4,000 slots holds nearly all of a 2,000-key working set.
+        assert c0.find(name, a, buf).size < 100 and c1.find(name, b, buf).size < 100
+        assert c0.find(name, b, buf).size == 2000 and c1.find(name, a, buf).size == 2000, \
+            "each device's cache must hold only its own working set"
+        both = np.concatenate([a[:500], b[:500]])
+        r0 = ps.lookup("m", 0, both, device=0).cpu().numpy()
+        r1 = ps.lookup("m", 0, both, device=1).cpu().numpy()
+        np.testing.assert_array_equal(_bits(r0), _bits(r1))
+        new = rng.standard_normal((1000, 16)).astype(np.float32)
+        ps.update("m", 0, both, new)                          # reaches both devices' caches
+        for d in (0, 1):
+            np.testing.assert_array_equal(ps.lookup("m", 0, both, device=d).cpu().numpy(), new)
+        st = ps.stats()["tiers"]["cache"]["devices"]
+        assert st["cuda:0"]["hits"] > 0 and st["cuda:1"]["hits"] > 0
+        assert st["cuda:0"]["async_inserts"] > 0 and st["cuda:1"]["async_inserts"] > 0
+
+
+@pytest.mark.skipif(_gpu_count() > 0, reason="checks the CPU fallback; this machine can run the GPU tier")
+def test_without_gpu_the_cpu_cache_serves_and_says_so(tmp_path, rng):
+    tab = Tab(tmp_path / "a", rng, 500, 8)
+    with ParameterServer(_json([tab])) as ps:
+        assert ps.stats()["models"]["m"] == {"cache_tier": "cpu", "devices": []}
+        assert any("embedding cache in host memory" in r for r in ps.stats()["config_report"])
+        np.testing.assert_array_equal(ps.lookup("m", 0, tab.keys), tab.vectors)
+        with pytest.raises(HPSLookupError, match="no GPU can be used here"):
+            ps.lookup("m", 0, tab.keys[:3], device=0)
+    with pytest.raises(TierError, match="gpu_cache=True but the GPU embedding cache cannot run here"):
+        ParameterServer(_json([tab]), gpu_cache=True)
