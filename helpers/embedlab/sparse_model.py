@@ -17,8 +17,15 @@ for state this one does not hold: the plugin layer's ``save`` (one checksummed f
 
 Writes are atomic and durable (a temporary folder, flushed to disk, then renamed into place
 with :func:`embedlab._io.atomic_dir`: a crash or a power loss leaves the previous model
-intact). Reads check that the files agree in length and with the expected dim, and name the
-file and the sizes when they do not.
+intact); a failed write (a full disk, say) raises an `OSError` naming the file and keeping the
+operating system's error number. Reads check that the files agree in length and with the
+expected dim, and that no key appears twice (a reader could not tell which row is meant, and
+the HPS's tiers would each pick a different one), and name the file and the sizes or the key
+when they do not.
+
+The files carry no header and no checksum: that is HugeCTR's format, read here as HugeCTR
+reads it, so a flipped bit inside a vector is not detected. EmbedLab's own formats carry a
+checksum (the plugin's checkpoint, SOK's dump).
 """
 from __future__ import annotations
 
@@ -79,8 +86,34 @@ def _as_keys(name: str, a, n: int | None = None) -> np.ndarray:
     return a.astype("<i8", copy=False)
 
 
+def _write_raw(path: Path, shown: Path, chunks) -> None:
+    # Through a file object, not ndarray.tofile: a short write then raises with the OS's errno
+    # (ENOSPC, EDQUOT, ...) instead of "N requested and M written". The close is inside the
+    # try: the buffered tail is written there, and may be what fails.
+    try:
+        with open(path, "wb") as f:
+            for a in chunks:
+                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+    except OSError as e:
+        raise OSError(e.errno, f"cannot write {shown}: {e.strerror or e}") from e
+
+
+def _first_duplicate(keys: np.ndarray):
+    """The smallest key that appears more than once, and how many extra copies there are."""
+    if keys.shape[0] < 2:
+        return None, 0
+    k = np.asarray(keys)
+    if bool(np.all(k[1:] > k[:-1])):             # ascending: no duplicates, no sort needed
+        return None, 0
+    s = np.sort(k)
+    same = s[1:] == s[:-1]
+    if not same.any():
+        return None, 0
+    return int(s[1:][same][0]), int(same.sum())
+
+
 def write_sparse_model(path, keys, vectors, slot_ids=None, *, check_unique: bool = True,
-                       chunk_rows: int = 1 << 20) -> Path:
+                       chunk_rows: int = 1 << 20, atomic: bool = True) -> Path:
     """Write one embedding table as a ``key`` / ``emb_vector`` (/ ``slot_id``) folder, atomically.
 
     Args:
@@ -91,9 +124,16 @@ def write_sparse_model(path, keys, vectors, slot_ids=None, *, check_unique: bool
         slot_ids: optional integer array ``[n]``, the slot of each key (localized embeddings).
         check_unique: refuse duplicate keys (a reader could not tell which row is meant).
         chunk_rows: rows per write call.
+        atomic: write through a temporary folder renamed into place (the default). With False,
+            `path` must not exist and the files are written straight into it: for a caller that
+            makes a larger write atomic itself (``embedlab._io.atomic_set`` over a set of models).
 
     Returns:
         The folder's ``Path``.
+
+    Raises:
+        SparseModelError: bad arrays (named), or a key that appears twice.
+        OSError: a file could not be written (the message names it; ``errno`` is the OS's).
 
     Example:
         >>> import numpy as np, tempfile, os
@@ -117,21 +157,27 @@ def write_sparse_model(path, keys, vectors, slot_ids=None, *, check_unique: bool
         raise SparseModelError(f"write_sparse_model: vectors must be floating point, got dtype {vectors.dtype}")
     slots = None if slot_ids is None else _as_keys("slot_ids", slot_ids, n)
     if check_unique and n:
-        uniq = np.unique(keys)
-        if uniq.shape[0] != n:
-            s = np.sort(keys)
-            dup = s[1:][s[1:] == s[:-1]][0]
+        dup, extra = _first_duplicate(keys)
+        if dup is not None:
             raise SparseModelError(
-                f"write_sparse_model: key {int(dup)} appears more than once ({n - uniq.shape[0]} duplicates); "
+                f"write_sparse_model: key {dup} appears more than once ({extra} duplicates); "
                 f"a sparse model holds one row per key")
-    with atomic_dir(Path(path), fsync=True) as tmp:
-        keys.tofile(tmp / KEY_FILE)
-        with open(tmp / VECTOR_FILE, "wb") as f:
-            for lo in range(0, n, chunk_rows):
-                np.ascontiguousarray(vectors[lo:lo + chunk_rows], dtype="<f4").tofile(f)
+    path = Path(path)
+
+    def write_into(folder: Path):
+        _write_raw(folder / KEY_FILE, path / KEY_FILE, [keys])
+        _write_raw(folder / VECTOR_FILE, path / VECTOR_FILE,
+                   (np.ascontiguousarray(vectors[lo:lo + chunk_rows], dtype="<f4") for lo in range(0, n, chunk_rows)))
         if slots is not None:
-            slots.tofile(tmp / SLOT_FILE)
-    return Path(path)
+            _write_raw(folder / SLOT_FILE, path / SLOT_FILE, [slots])
+
+    if atomic:
+        with atomic_dir(path, fsync=True) as tmp:
+            write_into(tmp)
+    else:
+        path.mkdir(parents=True)
+        write_into(path)
+    return path
 
 
 def sparse_model_info(path, dim: int | None = None) -> tuple[int, int, bool]:
@@ -182,20 +228,24 @@ def sparse_model_info(path, dim: int | None = None) -> tuple[int, int, bool]:
     return int(n), int(dim), has_slot
 
 
-def read_sparse_model(path, dim: int | None = None, *, mmap: bool = False) -> SparseModel:
+def read_sparse_model(path, dim: int | None = None, *, mmap: bool = False,
+                      check_unique: bool = True) -> SparseModel:
     """Read a ``key`` / ``emb_vector`` (/ ``slot_id``) folder, checking its sizes first.
 
     Args:
         path: the folder.
         dim: the expected vector size (checked), or None to infer it from the file sizes.
         mmap: map the files read-only instead of reading them (for tables larger than memory).
+        check_unique: refuse a key that appears twice (the default). The check reads the keys
+            once (8 bytes per row, also with `mmap`) and sorts a copy unless they are ascending.
 
     Returns:
         A :class:`SparseModel` (``keys`` int64 ``[n]``, ``vectors`` float32 ``[n, dim]``,
         ``slot_ids`` or None); it unpacks as ``keys, vectors, slot_ids``.
 
     Raises:
-        SparseModelError: missing files, truncated files, or sizes that disagree.
+        SparseModelError: missing files, truncated files, sizes that disagree, or (with
+            `check_unique`) a key that appears twice, named with the rows that hold it.
 
     Example:
         >>> import numpy as np, tempfile, os
@@ -214,4 +264,12 @@ def read_sparse_model(path, dim: int | None = None, *, mmap: bool = False) -> Sp
         keys = np.fromfile(path / KEY_FILE, dtype="<i8")
         vectors = np.fromfile(path / VECTOR_FILE, dtype="<f4").reshape(n, dim)
         slots = np.fromfile(path / SLOT_FILE, dtype="<i8") if has_slot else None
+    if check_unique:
+        dup, extra = _first_duplicate(keys)
+        if dup is not None:
+            rows = np.flatnonzero(np.asarray(keys) == dup)[:4].tolist()
+            raise SparseModelError(
+                f"sparse model {path}: {KEY_FILE} holds key {dup} more than once (rows {rows}; {extra} "
+                f"duplicate{'s' if extra > 1 else ''} in all): a sparse model holds one row per key, so which "
+                f"row is meant cannot be told")
     return SparseModel(keys, vectors, slots)

@@ -130,6 +130,9 @@ def get_learning_rate_scheduler(configure_file) -> LearningRateScheduler:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ModelError(f"get_learning_rate_scheduler: {path} is not valid JSON: {e}") from e
+    except UnicodeDecodeError as e:
+        raise ModelError(f"get_learning_rate_scheduler: {path} is not valid JSON: byte {e.start} "
+                         f"({e.object[e.start:e.start + 1]!r}) is not UTF-8") from e
     opt = cfg.get("optimizer") if isinstance(cfg, dict) else None
     if not isinstance(opt, dict):
         raise ModelError(f"get_learning_rate_scheduler: {path} has no 'optimizer' clause")

@@ -326,16 +326,50 @@ class Session:
         """Writes `{prefix}_dense_{iteration}.model` and `{prefix}{i}_sparse_{iteration}.model`
         (one `embedlab.sparse_model` folder per embedding: `key`, `emb_vector`, and `slot_id`
         for localized embeddings). With oversubscription the sparse models hold the whole store.
-        Returns the written paths."""
-        prefix = str(prefix)
-        dense_path = f"{prefix}_dense_{int(iteration)}.model"
+
+        The set is written atomically: every file is written under a temporary name and
+        flushed to disk, then all are renamed into place; if anything fails, none of the set
+        changes (files of this iteration written earlier stay as they were).
+
+        Args:
+            prefix: the path prefix of the files (its folder is created if missing).
+            iteration: the iteration number in the names.
+
+        Returns:
+            The written paths: the dense model file, then the sparse model folders.
+
+        Raises:
+            OSError naming the file that could not be written, with the OS's errno (ENOSPC on a
+            full disk) and the OS's error as ``__cause__``.
+
+        Example:
+            >>> sess.download_params_to_files("ck", 100)            # doctest: +SKIP
+            [PosixPath('ck_dense_100.model'), PosixPath('ck0_sparse_100.model')]
+        """
+        from pathlib import Path
+        from .._io import atomic_set
+        prefix, it = str(prefix), int(iteration)
+        dense_path = Path(f"{prefix}_dense_{it}.model")
         bn = {k: (m.numpy(), v.numpy()) for k, (m, v) in self.dense.bn.items()}
-        out = [model_files.write_dense(dense_path, [v.numpy() for v in self.dense.weights()], bn)]
-        for i, e in enumerate(self.embeddings):
-            keys, vals, slots = e.export()
-            out.append(sparse_model.write_sparse_model(f"{prefix}{i}_sparse_{int(iteration)}.model", keys, vals,
-                                                       slots if e.spec.localized else None))
-        return out
+        dense_files = model_files.dense_paths(dense_path, bn)
+        sparse_paths = [Path(f"{prefix}{i}_sparse_{it}.model") for i in range(len(self.embeddings))]
+        try:
+            with atomic_set(dense_files + sparse_paths, fsync=True) as tmps:
+                model_files.write_dense_into(tmps[:len(dense_files)], dense_path,
+                                             [v.numpy() for v in self.dense.weights()], bn)
+                for e, tmp in zip(self.embeddings, tmps[len(dense_files):]):
+                    keys, vals, slots = e.export()
+                    sparse_model.write_sparse_model(tmp, keys, vals, slots if e.spec.localized else None,
+                                                    atomic=False)
+        except OSError as err:
+            msg = (f"cannot write {err.filename}: {err.strerror}" if err.filename is not None
+                   else str(err.strerror or err))
+            for tmp, final in zip(tmps, dense_files + sparse_paths):   # name the files, not their temporaries
+                msg = msg.replace(str(tmp), str(final))
+            raise OSError(err.errno, f"Session.download_params_to_files: {msg}; none of the "
+                                     f"files of iteration {it} ({dense_path}, {', '.join(map(str, sparse_paths))}) "
+                                     "was changed") from err
+        return [dense_path] + sparse_paths
 
     def summary(self) -> str:
         """A text summary of the model, the embeddings and the solver (printed and returned)."""

@@ -243,6 +243,9 @@ def parse_model(src, *, solver_override: bool = True) -> ModelSpec:
             text = Path(src).read_text()
         except OSError as e:
             raise ModelError(f"{path}: cannot read the model file: {e}") from None
+        except UnicodeDecodeError as e:
+            raise ModelError(f"{path}: not valid JSON: byte {e.start} ({e.object[e.start:e.start + 1]!r}) is not "
+                             "UTF-8") from None
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as e:

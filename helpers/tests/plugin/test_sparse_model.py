@@ -1,5 +1,7 @@
 """The key / emb_vector format, checked against an independent reader (struct, byte by byte)."""
+import errno
 import os
+import subprocess
 import struct
 
 import numpy as np
@@ -87,3 +89,69 @@ def test_empty_table_needs_dim(tmp_path):
     with pytest.raises(SparseModelError, match="pass dim="):
         read_sparse_model(d)
     assert len(read_sparse_model(d, dim=8)) == 0
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_duplicate_key_is_refused_by_the_reader_naming_file_and_key(tmp_path, rng, mmap):
+    n = 100
+    keys = rng.choice(10**9, size=n, replace=False)
+    d = tmp_path / "t"
+    write_sparse_model(d, keys, rng.standard_normal((n, 4)).astype(np.float32))
+    raw = bytearray((d / "key").read_bytes())
+    raw[8:16] = raw[0:8]                                   # key[1] overwritten by key[0]
+    (d / "key").write_bytes(bytes(raw))
+    with pytest.raises(SparseModelError, match=rf"sparse model {d}: key holds key {int(keys[0])} more than once "
+                                               rf"\(rows \[0, 1\]"):
+        read_sparse_model(d, dim=4, mmap=mmap)
+    m = read_sparse_model(d, dim=4, mmap=mmap, check_unique=False)    # the raw rows, on request
+    assert m.keys[1] == m.keys[0]
+
+
+def _write_fails_with_enospc(tmp_path, folder):
+    keys, vecs = np.arange(10_000), np.ones((10_000, 64), np.float32)      # 2.6 MB
+    d = folder / "t"
+    write_sparse_model(d, [1], np.ones((1, 4), np.float32))               # a previous version
+    with pytest.raises(OSError) as ei:
+        write_sparse_model(d, keys, vecs)
+    assert ei.value.errno == errno.ENOSPC, ei.value
+    assert f"cannot write {d / 'emb_vector'}" in str(ei.value) and "No space left" in str(ei.value)
+    assert read_sparse_model(d).keys.tolist() == [1] and sorted(p.name for p in folder.iterdir()) == ["t"]
+
+
+def test_full_disk_names_the_file_and_the_cause(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and a mountable tmpfs for a real full disk "
+                    "(test_full_disk_simulated covers the same path)")
+    try:
+        _write_fails_with_enospc(tmp_path, mnt)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_full_disk_simulated(tmp_path, monkeypatch):
+    # The file object's write raises ENOSPC after 1 MiB in all, as a full disk does.
+    import builtins
+    real_open, written = builtins.open, [0]
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            written[0] += len(b)
+            if written[0] > 1 << 20:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return self.f.write(b)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return self.f.__exit__(*a)
+
+    import embedlab.sparse_model as sm
+    monkeypatch.setattr(sm, "open", lambda *a, **k: Full(real_open(*a, **k)), raising=False)
+    _write_fails_with_enospc(tmp_path, tmp_path)

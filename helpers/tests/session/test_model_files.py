@@ -20,9 +20,11 @@ def test_dense_model_is_flushed_before_the_rename_and_reads_back(tmp_path, monke
     path = tmp_path / "m_dense_0.model"
     write_dense(path, arrays, bn)
     side = tmp_path / "m_dense_0.model.bn.json"
-    # each file flushed before its rename, the folder after it
-    assert [r[1] for r in renamed] == [str(path), str(side)]
-    assert renamed[0][0] == 1 and synced[1] == str(tmp_path) and renamed[1][0] == 3 and synced[3] == str(tmp_path)
+    # both files flushed before the renames (the pair is replaced together), the folder after them
+    assert renamed == [(2, str(path)), (2, str(side))]
+    assert sorted(os.path.basename(p).split(".tmp-")[0] for p in synced[:2]) == [".m_dense_0.model",
+                                                                                 ".m_dense_0.model.bn.json"]
+    assert synced[2:] == [str(tmp_path)]
     got, stats = read_dense(path, [(5, 3), (3,)])
     for a, b in zip(arrays, got):
         np.testing.assert_array_equal(a, b)

@@ -51,8 +51,10 @@ The cluster plumbing (`local_client`, `resolve_client`, `worker_peak_rss`, `Chun
 `SCHEDULER_ENV`) lives in `cluster`, the Norm conversion (`parquet_to_norm`, `norm_digest`) in
 `norm_dask`; this module exports them too, as the Dask side of `criteo`.
 
-Example (a LocalCluster of one worker process on 127.0.0.1, a few seconds; on several
-machines `client` is a `Client` of a `dask scheduler`, see the README):
+Example:
+    A LocalCluster of one worker process on 127.0.0.1, a few seconds; on several machines
+    `client` is a `Client` of a `dask scheduler` (see the README).
+
     >>> from embedlab.data import criteo, formats
     >>> from embedlab.data.criteo import etl_dask
     >>> txt = criteo.generate("day.txt", rows=3_000, seed=1, progress=False)
