@@ -1,0 +1,384 @@
+"""`DistributedEmbedding` and `EmbedReduce`: Keras-RS's layers on EmbedLab's kernels
+(`embedlab.keras_rs`'s docstring describes the semantics)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras_rs.src.layers.embedding import distributed_embedding_config as _config
+from keras_rs.src.layers.embedding.embed_reduce import EmbedReduce as _KerasRsEmbedReduce
+from keras_rs.src.layers.embedding.tensorflow.distributed_embedding import \
+    DistributedEmbedding as _KerasRsDistributedEmbedding
+
+from .. import _native, ops
+from .. import optimizers as _el_optimizers  # noqa: F401  (registers them for loading saved models)
+from ..sparse_input import SparseInput
+from .inputs import COMBINERS, feature_input
+from .optimizers import optimizer_key, to_embedlab
+
+__all__ = ["DistributedEmbedding", "EmbedReduce"]
+
+TableConfig = _config.TableConfig
+FeatureConfig = _config.FeatureConfig
+
+
+@keras.saving.register_keras_serializable(package="embedlab")
+class EmbedReduce(_KerasRsEmbedReduce):
+    """Keras-RS's `EmbedReduce` (an embedding of one table pooled by a combiner) on EmbedLab's
+    kernel: same arguments, variables and results; the gradient is an `IndexedSlices` of the
+    touched rows (the model's optimizer trains the table).
+
+    Example:
+        >>> layer = EmbedReduce(10, 4, combiner="sum", embeddings_initializer="ones")
+        >>> layer(tf.constant([[1, 2], [3, 3]])).numpy()[:, 0].tolist()
+        [2.0, 2.0]
+    """
+
+    def call(self, inputs, weights=None):
+        x, combiner, lead = feature_input(inputs, weights, self.combiner, None, f"EmbedReduce {self.name!r}")
+        out = ops.fused_embedding_lookup([self.embeddings], [x], [combiner])[0]
+        return _reshape(out, lead, self.output_dim)
+
+
+def _reshape(out, lead, dim):
+    if lead is None:
+        return out
+    return tf.reshape(out, tf.concat([lead, [dim]], 0))
+
+
+def _convert_tpu_configs(feature_configs):
+    """`tf.tpu.experimental.embedding.FeatureConfig`s as Keras-RS `FeatureConfig`s (tables shared
+    as the TPU configs share them); Keras-RS configs are returned as they are."""
+    tpu_fc = tf.tpu.experimental.embedding.FeatureConfig
+    tables = {}
+
+    def convert(fc):
+        if not isinstance(fc, tpu_fc):
+            return fc
+        where = f"DistributedEmbedding: tf.tpu FeatureConfig {fc.name!r}"
+        if fc.max_sequence_length:
+            raise ValueError(f"{where}: max_sequence_length={fc.max_sequence_length} (sequence features, "
+                             "[batch, length, dim] output) is not supported; pooled features only")
+        t = fc.table
+        if id(t) not in tables:
+            init = t.initializer
+            tables[id(t)] = TableConfig(
+                name=t.name, vocabulary_size=t.vocabulary_size, embedding_dim=t.dim,
+                initializer=init if init is not None else keras.initializers.TruncatedNormal(
+                    stddev=1.0 / np.sqrt(t.dim)),
+                optimizer=to_embedlab(t.optimizer, f"{where}, table {t.name!r}") if t.optimizer is not None else None,
+                combiner=t.combiner, placement="default_device")
+        out_shape = list(fc.output_shape) if fc.output_shape else [None]
+        return FeatureConfig(name=fc.name, table=tables[id(t)], input_shape=(None, None),
+                             output_shape=tuple(out_shape) + (t.dim,))
+
+    return keras.tree.map_structure(convert, feature_configs)
+
+
+@keras.saving.register_keras_serializable(package="embedlab")
+class DistributedEmbedding(_KerasRsDistributedEmbedding):
+    """Keras-RS's `DistributedEmbedding` with all tables in one fused EmbedLab lookup and each
+    table's optimizer fused into the lookup's backward.
+
+    Args:
+        feature_configs: a nested structure (dict, list, ...) of `keras_rs.layers.FeatureConfig`
+            (or `tf.tpu.experimental.embedding.FeatureConfig`); features may share a table.
+        table_stacking: accepted as in Keras-RS ("auto", None, table names, or lists of them);
+            names are checked. On CPU/GPU it changes nothing: every table of the layer already
+            goes through one fused lookup (TPU stacking exists to make one lookup of many).
+        update_stats: must be False (as Keras-RS on TensorFlow).
+        optimizer_in_backward: True (default): each table whose `TableConfig.optimizer` is
+            set is trained by that optimizer (`embedlab.keras_rs.optimizers` lists the honoured
+            options) on the touched rows inside the backward of the lookup, as on SparseCore;
+            such tables are not trainable variables (the model's optimizer keeps no state for
+            them) and a trainable scalar `bp_trigger` (zero gradient) runs the update.
+            A table whose optimizer is None, or every table with False, is a trainable variable
+            that the model's optimizer trains from an `IndexedSlices` gradient (Keras-RS's
+            `default_device` behaviour).
+        **kwargs: Keras layer arguments (name, dtype, ...).
+
+    Call: `layer(inputs, weights=None, training=False)` with `inputs` (and `weights`) shaped like
+    `feature_configs`, or `layer(layer.preprocess(inputs, weights))`; returns the same
+    structure of `[batch, dim]` float32 activations (`[..., dim]` for dense `[..., n]` ids).
+
+    Example:
+        >>> t = TableConfig("t", vocabulary_size=10, embedding_dim=4, optimizer="sgd", combiner="sum")
+        >>> fcs = {"a": FeatureConfig("a", t, (2, 3), (2, 4)), "b": FeatureConfig("b", t, (2, 1), (2, 4))}
+        >>> layer = DistributedEmbedding(fcs)
+        >>> out = layer({"a": tf.ragged.constant([[1, 2], [3]]), "b": tf.constant([[4], [5]])})
+        >>> out["a"].shape.as_list(), out["b"].shape.as_list()
+        ([2, 4], [2, 4])
+    """
+
+    def __init__(self, feature_configs, *, table_stacking="auto", update_stats=False,
+                 optimizer_in_backward=True, **kwargs):
+        self._optimizer_in_backward = bool(optimizer_in_backward)
+        super().__init__(_convert_tpu_configs(feature_configs), table_stacking=table_stacking,
+                         update_stats=update_stats, **kwargs)
+        self._allow_non_tensor_positional_args = True
+
+    # ---- construction ---------------------------------------------------------------------
+
+    def _has_sparsecore(self):
+        return False
+
+    def _default_device_init(self, feature_configs, table_stacking):
+        where = f"DistributedEmbedding {self.name!r}"
+        tables, index = [], {}
+        self._feature_table = {}
+        for path, fc in feature_configs.items():
+            if id(fc.table) not in index:
+                index[id(fc.table)] = len(tables)
+                tables.append(fc.table)
+            self._feature_table[path] = index[id(fc.table)]
+        names = [t.name for t in tables]
+        for t in tables:
+            if names.count(t.name) > 1:
+                raise ValueError(f"{where}: two different TableConfigs are named {t.name!r}; table names must be "
+                                 "unique (share one TableConfig object to share a table)")
+            if t.combiner not in COMBINERS:
+                raise ValueError(f"{where}: table {t.name!r} has combiner {t.combiner!r}; use one of {COMBINERS}")
+            for arg in ("vocabulary_size", "embedding_dim"):
+                v = getattr(t, arg)
+                if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                    raise ValueError(f"{where}: table {t.name!r} has {arg}={v!r}; it must be a positive int")
+        self._check_table_stacking(table_stacking, names, where)
+        self._table_stacking = table_stacking
+        self._table_configs = tables
+
+        # One optimizer per distinct (kind, hyperparameters): one fused update op per group.
+        opts, by_key, self._table_optimizer = [], {}, []
+        for t in tables:
+            if not self._optimizer_in_backward or t.optimizer is None:
+                self._table_optimizer.append(None)
+                continue
+            opt = to_embedlab(t.optimizer, f"{where}: table {t.name!r}")
+            key = optimizer_key(opt)
+            if key not in by_key:
+                by_key[key] = len(opts)
+                opts.append(opt)
+            self._table_optimizer.append(by_key[key])
+        self._optimizers = opts
+
+        layers = []
+        for t, o in zip(tables, self._table_optimizer):
+            layers.append(EmbedReduce(name=t.name, input_dim=t.vocabulary_size, output_dim=t.embedding_dim,
+                                      embeddings_initializer=t.initializer, combiner=t.combiner,
+                                      trainable=o is None))
+        self._table_layers = layers
+        self._default_device_embedding_layers = {p: layers[i] for p, i in self._feature_table.items()}
+        if opts:
+            # HugeCTR's bp_trigger: its (zero) gradient is what runs the fused updates.
+            self.bp_trigger = self.add_weight(name="bp_trigger", shape=(), initializer="zeros", trainable=True,
+                                              dtype="float32")
+
+    @staticmethod
+    def _check_table_stacking(table_stacking, names, where):
+        if table_stacking is None or isinstance(table_stacking, str):
+            if table_stacking not in (None, "auto") and table_stacking not in names:
+                raise ValueError(f"{where}: table_stacking must be 'auto', None or table names, got "
+                                 f"{table_stacking!r} (tables: {names})")
+            return
+        for group in table_stacking:
+            for name in ([group] if isinstance(group, str) else group):
+                if name not in names:
+                    raise ValueError(f"{where}: table_stacking names table {name!r}, which is not one of {names}")
+
+    def _default_device_build(self, input_shapes):
+        for layer in self._table_layers:
+            if not layer.built:
+                layer.build((None,))
+        for g, opt in enumerate(self._optimizers):
+            if not opt.built:
+                opt.build([self._table_layers[t].embeddings for t, o in enumerate(self._table_optimizer) if o == g])
+
+    # ---- the lookup -----------------------------------------------------------------------
+
+    def _default_device_call(self, inputs, weights=None, training=False):
+        del training
+        where = f"DistributedEmbedding {self.name!r}"
+        n = len(self._table_configs)
+        per_table = [[] for _ in range(n)]   # (path, SparseInput, lead) of each table's features
+        kernel_comb = [None] * n
+        for path, x in inputs.items():
+            t = self._feature_table[path]
+            fc = self._placement_to_path_to_feature_config["default_device"][path]
+            shape = fc.input_shape
+            max_len = shape[-1] if shape is not None and len(shape) >= 2 and isinstance(shape[-1], int) else None
+            w = None if weights is None else weights.get(path)
+            si, comb, lead = feature_input(x, w, self._table_configs[t].combiner, max_len,
+                                           f"{where}: feature {path!r}")
+            per_table[t].append((path, si, lead, comb))
+        # A table pooled "sum" for one feature (one id per row, or sqrtn) and "mean" for another
+        # pools "sum" throughout, the mean rows weighted 1 / (their summed weights).
+        mixed = [len({c for *_, c in feats}) > 1 for feats in per_table]
+        weighted = any(m or any(si.has_weights for _, si, _, _ in feats) for m, feats in zip(mixed, per_table))
+        ids, rows = [], []
+        for t, feats in enumerate(per_table):
+            kernel_comb[t] = "sum" if mixed[t] else feats[0][3]
+            if len(feats) == 1 and feats[0][1].has_weights == weighted:
+                ids.append(feats[0][1])
+                rows.append(None)
+                continue
+            ids.append(_concat([(si, c) for _, si, _, c in feats], mixed[t], weighted))
+            rows.append([si.batch_size for _, si, _, _ in feats])
+        variables = [ops._as_variable(layer.embeddings) for layer in self._table_layers]
+        if self._optimizers:
+            outs = self._lookup_fused(variables, ids, kernel_comb)
+        else:
+            outs = ops.fused_embedding_lookup(variables, ids, kernel_comb)
+        result = {}
+        for t, feats in enumerate(per_table):
+            dim = self._table_configs[t].embedding_dim
+            parts = [outs[t]] if rows[t] is None else tf.split(outs[t], tf.stack(rows[t]), num=len(feats))
+            for (path, _, lead, _), out in zip(feats, parts):
+                result[path] = _reshape(out, lead, dim)
+        return result
+
+    def _lookup_fused(self, variables, ids, combiners):
+        """One fused lookup whose backward applies each table's fused optimizer (tables with
+        one) or returns the `IndexedSlices` gradient (tables the model's optimizer trains)."""
+        forward = ops._resource_forward(variables, ids, None, combiners, f"DistributedEmbedding {self.name!r}")
+        groups = {}
+        for t, g in enumerate(self._table_optimizer):
+            groups.setdefault(g, []).append(t)
+        optimizers, tables = self._optimizers, [layer.embeddings for layer in self._table_layers]
+        ops._watch(variables)    # the model-trained (trainable) tables; the others are not watched
+
+        @tf.custom_gradient
+        def lookup(trigger, *handles):
+            outs, splits, keys, wts = forward(handles)
+
+            def grad(*dys):
+                dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
+                table_grads = [None] * len(handles)
+                for g, ts in groups.items():
+                    sel = (lambda xs: [xs[t] for t in ts])
+                    if g is None:
+                        res = _native.tf_ops().embed_lab_fused_lookup_grad(
+                            sel(dys), sel(splits), sel(keys), sel(wts) if wts else [],
+                            combiners=sel(combiners))
+                        for i, t in enumerate(ts):
+                            table_grads[t] = tf.IndexedSlices(res.rows[i], res.unique_keys[i],
+                                                              tf.constant(variables[t].shape.as_list(), tf.int64))
+                        continue
+                    opt = optimizers[g]
+                    by_device = {}
+                    for t in ts:
+                        by_device.setdefault(variables[t].handle.device, []).append(t)
+                    for device, dts in by_device.items():
+                        with tf.device(device or None):
+                            opt.apply_lookup_gradients(
+                                [dys[t] for t in dts], [splits[t] for t in dts], [keys[t] for t in dts],
+                                [wts[t] for t in dts] if wts else None, [combiners[t] for t in dts],
+                                [tables[t] for t in dts])
+                    opt.iterations.assign_add(1)
+                return [tf.zeros_like(trigger)] + table_grads
+
+            return outs, grad
+
+        return lookup(self.bp_trigger.value, *[v.handle for v in variables])
+
+    # ---- tables ---------------------------------------------------------------------------
+
+    def _default_device_get_embedding_tables(self):
+        return {t.name: layer.embeddings.value for t, layer in zip(self._table_configs, self._table_layers)}
+
+    @property
+    def table_optimizers(self) -> dict:
+        """Table name -> the `embedlab.optimizers` instance that trains it (None: the model's)."""
+        return {t.name: None if g is None else self._optimizers[g]
+                for t, g in zip(self._table_configs, self._table_optimizer)}
+
+    def export_hps(self, path) -> dict:
+        """Writes every table as an HPS sparse model (`key` / `emb_vector`, keys 0..rows-1), one
+        folder per table under `path`, each written atomically by `embedlab.sparse_model`.
+
+        Args:
+            path: the parent folder (created).
+
+        Returns:
+            dict table name -> folder `Path`.
+
+        Example:
+            >>> folders = layer.export_hps("hps_model")   # doctest: +SKIP
+            >>> sorted(folders)                            # doctest: +SKIP
+            ['t']
+        """
+        from ..sparse_model import write_sparse_model
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for name, table in self.get_embedding_tables().items():
+            values = np.asarray(table)
+            out[name] = write_sparse_model(path / name, np.arange(values.shape[0], dtype=np.int64), values)
+        return out
+
+    # ---- Keras state and serialization ----------------------------------------------------
+
+    @property
+    def variables(self):
+        # The fused optimizers' state (step counters, slots) is captured by the backward that
+        # applies it: whatever collects a model's state through `variables` (model.export's
+        # SavedModel) must find it here. It is not a weight of the layer.
+        vs = super().variables
+        seen = {id(v) for v in vs}
+        for opt in self._optimizers:
+            vs = vs + [v for v in opt.variables if id(v) not in seen]
+        return vs
+
+    def save_own_variables(self, store):
+        # The tables are saved by their sub-layers; here the trigger and the fused optimizers'
+        # state (counters and slots, in each optimizer's variable order).
+        if self._optimizers:
+            store["bp_trigger"] = np.asarray(self.bp_trigger.numpy())
+        for g, opt in enumerate(self._optimizers):
+            for j, v in enumerate(opt.variables):
+                store[f"optimizer_{g}/{j}"] = np.asarray(v.numpy())
+
+    def load_own_variables(self, store):
+        if self._optimizers and "bp_trigger" in store:
+            self.bp_trigger.assign(np.asarray(store["bp_trigger"]))
+        for g, opt in enumerate(self._optimizers):
+            saved = [k for k in store.keys() if k.startswith(f"optimizer_{g}/")]
+            if not saved:
+                continue
+            if len(saved) != len(opt.variables):
+                raise ValueError(f"DistributedEmbedding {self.name!r}: the saved state of optimizer {g} has "
+                                 f"{len(saved)} variables, this layer's has {len(opt.variables)}")
+            for j, v in enumerate(opt.variables):
+                value = np.asarray(store[f"optimizer_{g}/{j}"])
+                if tuple(value.shape) != tuple(v.shape):
+                    raise ValueError(f"DistributedEmbedding {self.name!r}: saved optimizer {g} variable {j} has "
+                                     f"shape {value.shape}, expected {tuple(v.shape)}")
+                v.assign(value)
+
+    def get_config(self):
+        config = super().get_config()
+        config["optimizer_in_backward"] = self._optimizer_in_backward
+        return config
+
+
+def _concat(parts, mixed, weighted):
+    """Several features' SparseInputs (of one table) as one CSR SparseInput, rows in order,
+    with weights (1 where a feature has none) when `weighted`. With `mixed` (some features
+    pooled "sum", some "mean"), the mean rows get weights w / sum(w)."""
+    splits, keys, wts, offset = [], [], [], tf.constant(0, tf.int64)
+    for i, (si, comb) in enumerate(parts):
+        s, k = si.row_splits, si.keys
+        splits.append((s if i == 0 else s[1:]) + offset)
+        offset = offset + s[-1]
+        keys.append(k)
+        if weighted:
+            w = si.weights if si.has_weights else tf.ones_like(k, tf.float32)
+            if mixed and comb == "mean":
+                rows = tf.ragged.row_splits_to_segment_ids(s)
+                w = tf.where(k >= 0, w, tf.zeros_like(w))
+                total = tf.math.unsorted_segment_sum(w, rows, tf.shape(s, out_type=tf.int64)[0] - 1)
+                w = tf.math.divide_no_nan(w, tf.gather(total, rows))
+            wts.append(w)
+    return SparseInput.from_row_splits(tf.concat(splits, 0), tf.concat(keys, 0),
+                                       tf.concat(wts, 0) if weighted else None)
