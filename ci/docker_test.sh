@@ -9,8 +9,9 @@
 #                kernels include the baseline x86-64 ones (it runs on any x86-64 CPU) and load
 #   5. lab       the image started with its OWN CMD (make lab LAB_IP=0.0.0.0), port 8888 published on
 #                127.0.0.1:<free port> through a user-defined network; token auth checked with curl,
-#                then ci/lab_browser_test.py (headless Chromium runs notebook 01 in it; screenshot
-#                in build/docker/lab.png)
+#                then ci/lab_browser_test.py (headless Chromium runs notebook 01 in it and saves it;
+#                screenshot in build/docker/lab.png); the container's notebooks/ (the lesson sources)
+#                must be byte for byte what they were before (the lab works on copies in build/lab)
 #   6. compose   docker/Dockerfile.redis built, docker/compose.yaml brought up (lab + Redis with a
 #                password); the lab container reaches Redis through EMBEDLAB_REDIS_ADDRESS /
 #                EMBEDLAB_REDIS_PASSWORD, and Redis refuses a client without the password
@@ -179,7 +180,10 @@ cat > "$WORK/image_check.sh" <<'CHECK'
 set -e
 left=$(find /var/lib/apt/lists -mindepth 1 2>/dev/null | head -n 3)
 [ -z "$left" ] || { echo "apt lists left in the image: $left"; exit 1; }
-[ ! -e /root/.cache/pip ] || { echo "a pip cache in the image: $(du -sh /root/.cache/pip)"; exit 1; }
+for c in /root/.cache/pip /home/lab/.cache/pip; do
+  [ ! -e "$c" ] || { echo "a pip cache in the image: $(du -sh "$c")"; exit 1; }
+done
+[ "$(id -u)" != 0 ] || { echo "the image's user is root: the lab must run as an unprivileged user"; exit 1; }
 .venv/bin/python - <<'PY'
 import embedlab
 info = embedlab.build_info()
@@ -222,7 +226,14 @@ check_token_auth() {  # check_token_auth CONTAINER PORT
   log=$(dk logs "$1" 2>&1)
   # `make lab` at start must not have rebuilt or reinstalled anything: the image's build options hold.
   if grep -E '^== (building|installing|creating)' <<< "$log"; then fail "make lab in $1 rebuilt or reinstalled at start (above)"; fi
-  grep -q -- '--allow-root' <<< "$log" || fail "make lab in $1 did not say it added --allow-root as root"
+  # The lab runs as the image's unprivileged user, never as root (so no --allow-root).
+  if grep -q -- '--allow-root' <<< "$log"; then fail "make lab in $1 runs as root (it added --allow-root)"; fi
+  local uid
+  # (/proc, not ps: the slim image has no procps.)
+  uid=$(dk exec "$1" sh -c 'for d in /proc/[0-9]*; do if tr "\0" " " < "$d/cmdline" 2>/dev/null | grep -q "jupyter.lab"; then stat -c %u "$d"; exit 0; fi; done; exit 1') ||
+    fail "could not find the lab's process in $1"
+  [ -n "$uid" ] && [ "$uid" != 0 ] || fail "the lab in $1 runs as uid '${uid}', not as an unprivileged user"
+  echo "   [$(now)] the lab in $1 runs as uid $uid (not root)"
 }
 begin lab
 for i in $(seq 0 40); do  # a /24 that no route of this machine overlaps (and the daemon accepts)
@@ -241,10 +252,18 @@ wait_for_lab "$NAME-lab" "$PORT"
 echo "   [$(now)] $(dk inspect -f '{{join .Config.Cmd " "}}' "$NAME-lab") serves on 127.0.0.1:$PORT (network $NET, $SUBNET)"
 check_token_auth "$NAME-lab" "$PORT"
 echo "   [$(now)] token authentication on (403 without it), notebooks listed with it, nothing rebuilt at start"
+# The lesson sources inside the container, before and after the browser test: the lab never changes them.
+sources_in() { dk exec "$1" sh -c 'ls -A notebooks && sha256sum notebooks/*.ipynb'; }
+SOURCES_BEFORE=$(sources_in "$NAME-lab") || fail "could not read notebooks/ in $NAME-lab"
 if [ -f ci/lab_browser_test.py ]; then
   in_background "$PY" ci/lab_browser_test.py --url "http://127.0.0.1:$PORT/" --token "$TOKEN" --screenshot build/docker/lab.png ||
     { dk logs "$NAME-lab" > "$LOGS/lab-container.log" 2>&1; fail "the browser test of the container's lab failed (container log: build/docker/lab-container.log)"; }
-  end "browser test passed, screenshot build/docker/lab.png"
+  SOURCES_AFTER=$(sources_in "$NAME-lab") || fail "could not read notebooks/ in $NAME-lab"
+  if [ "$SOURCES_BEFORE" != "$SOURCES_AFTER" ]; then
+    diff <(echo "$SOURCES_BEFORE") <(echo "$SOURCES_AFTER") || true
+    fail "the lab in $NAME-lab changed its notebooks/ (above): it must work on its copies in build/lab"
+  fi
+  end "browser test passed, notebooks/ in the container unchanged, screenshot build/docker/lab.png"
 else
   fail "ci/lab_browser_test.py is not in this checkout: the browser test cannot run"
 fi

@@ -15,13 +15,13 @@
 
 `python -m embedlab.serving` (`make serve`) serves notebook 05's export for a person to query.
 """
-from .repository import (ENSEMBLE, IDENTITY_ENSEMBLE, ServingManifest, load_manifest,
+from .repository import (ENSEMBLE, IDENTITY_ENSEMBLE, ServingManifest, load_manifest, verify_manifest_files,
                          write_identity_repository, write_model_repository,
                          write_ps_config_variant)
 from .server import TritonServer, TritonServerError, find_tritonserver
 
 __all__ = ["TritonServer", "TritonServerError", "find_tritonserver", "ServingManifest",
-           "load_manifest", "write_model_repository", "write_identity_repository", "write_ps_config_variant", "ENSEMBLE",
+           "load_manifest", "verify_manifest_files", "write_model_repository", "write_identity_repository", "write_ps_config_variant", "ENSEMBLE",
            "IDENTITY_ENSEMBLE", "InProcessModel", "run_load", "infer", "predict", "Prediction", "make_inputs",
            "hps_stats", "LoadResult", "client_for", "sweep"]
 

@@ -1,7 +1,7 @@
 """HPS statistics on Triton's metrics endpoint, current at every scrape.
 
 A python-backend model can only push values into Triton's metrics (`pb_utils.Metric.set`, one
-round trip to the server process per value, ~20 us on the 2-core VM; a lookup changes about 13
+round trip to the server process per value; a lookup changes about 13
 of them), and Triton has no hook that runs when `/metrics` is scraped. Publishing inside
 `execute` would add those round trips to every request; publishing now and then leaves the
 endpoint behind the counters. So the two ends meet here:
@@ -213,10 +213,13 @@ class MetricsFront:
         host, port: where to listen (port 0: a free one; `.port` tells which).
         upstream: Triton's own metrics URL ("http://127.0.0.1:<port>/metrics").
         refresh_dir: the folder of the publishers' sockets.
+        extra: optional callable returning more metrics text (Prometheus format) appended to
+            each answer (`TritonServer`'s restart count).
     """
 
-    def __init__(self, host: str, port: int, upstream: str, refresh_dir):
+    def __init__(self, host: str, port: int, upstream: str, refresh_dir, extra=None):
         self.upstream = upstream
+        self.extra = extra
         self.refresh_dir = Path(refresh_dir)
         self.last_problems: list[str] = []
         front = self
@@ -239,6 +242,8 @@ class MetricsFront:
                     self._reply(502, f"tritonserver's metrics endpoint did not answer: {e}\n".encode(),
                                 "text/plain")
                     return
+                if front.extra is not None and status == 200:
+                    body = body + (b"" if body.endswith(b"\n") or not body else b"\n") + front.extra().encode()
                 self._reply(status, body, ctype)
 
             def _reply(self, status, body, ctype):

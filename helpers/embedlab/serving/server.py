@@ -15,6 +15,14 @@ repository of our own `config.pbtxt` files. That needs four things, which `Trito
    site-packages from there; it ignores `PYTHONPATH`);
 4. `--http-address 127.0.0.1` and `--grpc-address 127.0.0.1` (loopback only).
 
+The server dies with the thread that started it (a parent-death signal, see
+`embedlab.services.children`); its python stubs exit when it does. Triton's HTTP front end
+aborts on some malformed requests (a declared shape of 2^40 rows makes it throw `std::bad_alloc`
+before any model or `max_batch_size` check sees the request), which no model configuration can
+prevent: `TritonServer.supervise` restarts a server that exits by itself, on the same ports,
+logs why (the lines the server printed as it died) and counts it in the metrics
+(`embedlab_triton_restarts_total`).
+
 The metrics port is served by `TritonServer` itself (`embedlab.serving._metrics.MetricsFront`,
 a thread of this process): each scrape first has every `hps_embedding` instance publish its
 current HPS statistics, then relays tritonserver's own `/metrics` (on a private port), so a
@@ -40,7 +48,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TritonServer", "TritonServerError", "find_tritonserver", "TritonInstall"]
+__all__ = ["TritonServer", "TritonServerError", "find_tritonserver", "TritonInstall", "exit_reason"]
 
 _FIX = ("Install the pinned wheel into this environment: `make setup` (requirements.txt pins "
         "nvidia-pytriton==0.7.0 and numpy 1.26.4), or `pip install nvidia-pytriton==0.7.0 'numpy<2'`.")
@@ -132,6 +140,28 @@ _NOISE = ("CudaDriverHelper has not been initialized",      # the CPU build says
 _MODEL_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.*?)(?:\\n|\"$)")
 
 
+_DEATH = re.compile(r"terminate called.*|Signal \(\d+\) received.*|Segmentation fault.*|Aborted.*|"
+                    r"what\(\):.*|std::bad_alloc.*|out of memory.*", re.IGNORECASE)
+
+
+def exit_reason(log_text: str, status) -> str:
+    """Why a tritonserver exited: its status (a negative status is the signal) and the lines it
+    printed as it died ("terminate called after throwing an instance of 'std::bad_alloc'", ...).
+
+    Example:
+        >>> exit_reason("terminate called after throwing an instance of 'std::bad_alloc'", -6)
+        "status -6 (SIGABRT): terminate called after throwing an instance of 'std::bad_alloc'"
+    """
+    head = f"status {status}"
+    if isinstance(status, int) and status < 0:
+        try:
+            head += f" ({signal.Signals(-status).name})"
+        except ValueError:
+            pass
+    lines = list(dict.fromkeys(m.group(0).strip() for m in _DEATH.finditer(log_text)))
+    return head + (": " + "; ".join(lines[:4]) if lines else "")
+
+
 def _relevant_lines(text: str, limit: int = 30) -> str:
     lines = [ln for ln in text.splitlines() if not any(n in ln for n in _NOISE)]
     keep = [ln for ln in lines if _ERROR_LINE.search(ln)]
@@ -193,6 +223,11 @@ class TritonServer:
         self._stats_dir: Path | None = None
         self._metrics_front = None
         self.triton_metrics_port = None     # tritonserver's own metrics port (private; see metrics_url)
+        self.restarts = 0                   # times `restart` brought the server back
+        self.restart_reasons: list[str] = []
+        self._inst: TritonInstall | None = None
+        self._cmd: list[str] | None = None
+        self._log_offset = 0                # where the running process's part of the log begins
 
     # -- addresses ---------------------------------------------------------------------------
     @property
@@ -298,17 +333,9 @@ class TritonServer:
                f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
                f"--backend-config=python,shm-default-byte-size={self.python_shm_bytes}",
                *self.extra_args]
+        self._inst, self._cmd = inst, cmd
         self._log_handle = open(self.log_file, "wb", buffering=0)
-        self._log_handle.write(("$ " + " ".join(cmd) + "\n").encode())
-        try:
-            # Own session: the server and its python stubs form one process group that stop()
-            # can reach by id if the server leaves a stub behind.
-            self.process = subprocess.Popen(cmd, stdout=self._log_handle, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=self._environment(inst),
-                                            start_new_session=True)
-        except OSError as e:
-            self._cleanup_files()
-            raise TritonServerError(f"could not execute {inst.binary}: {e}. {_FIX}") from None
+        self._launch()
         # A server left running when the interpreter exits (a notebook kernel restarted, an
         # exception between start and stop) is stopped then.
         atexit.register(self.stop)
@@ -318,6 +345,101 @@ class TritonServer:
             self.stop()
             raise
         return self
+
+    def _launch(self) -> None:
+        self._log_offset = self._log_handle.tell()
+        self._log_handle.write(("$ " + " ".join(self._cmd) + "\n").encode())
+        from ..services import children
+        try:
+            # Own session: the server and its python stubs form one process group that stop()
+            # can reach by id if the server leaves a stub behind. The parent-death signal ends
+            # the server when the thread that started it ends, even by SIGKILL.
+            self.process = subprocess.Popen(self._cmd, stdout=self._log_handle, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            **children.popen_kwargs(self._environment(self._inst)))
+        except OSError as e:
+            self._cleanup_files()
+            raise TritonServerError(f"could not execute {self._inst.binary}: {e}. {_FIX}") from None
+
+    def exit_reason(self) -> str:
+        """Why the process exited (see :func:`exit_reason`), from its part of the log."""
+        rc = self.process.returncode if self.process is not None else None
+        try:
+            with open(self.log_file, "rb") as f:
+                f.seek(self._log_offset)
+                text = f.read().decode(errors="replace")
+        except (OSError, TypeError):
+            text = ""
+        return exit_reason(text, rc)
+
+    def restart(self, reason: str = "") -> "TritonServer":
+        """Starts the server again on the same ports, with the same metrics endpoint and log
+        (appended to); counts it in `restarts` and in the metrics (`embedlab_triton_restarts_total`).
+
+        Args:
+            reason: why, recorded in `restart_reasons` (default: :meth:`exit_reason`).
+
+        Raises:
+            TritonServerError: it was never started, or it does not come back.
+
+        Example (+SKIP: needs a started server):
+            >>> server.restart("the test killed it")     # doctest: +SKIP
+        """
+        if self._cmd is None or self._log_handle is None:
+            raise TritonServerError("restart: this TritonServer was never started (or was stopped); use start()")
+        reason = reason or self.exit_reason()
+        old = self.process
+        if old is not None and old.poll() is None:
+            old.kill()
+            old.wait()
+        if old is not None:
+            _end_group(old.pid)
+        self.restarts += 1
+        self.restart_reasons.append(reason)
+        self._launch()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def supervise(self, stop, *, report=None, max_restarts: int = 5, window_s: float = 600.0,
+                  poll_s: float = 0.5) -> None:
+        """Keeps the server up until `stop` is set: a server that exits by itself is restarted
+        (:meth:`restart`), and `report` is called with a line saying why.
+
+        Args:
+            stop: a `threading.Event`; `supervise` returns when it is set.
+            report: callable(str) for each restart (default: the `embedlab.serving` logger).
+            max_restarts: more restarts than this within `window_s` seconds: give up.
+            window_s: see `max_restarts`.
+            poll_s: how often the process is checked.
+
+        Raises:
+            TritonServerError: it keeps dying (or does not come back), with the last reasons.
+
+        Example (+SKIP: needs a started server):
+            >>> stop = threading.Event()                    # doctest: +SKIP
+            >>> server.supervise(stop, report=print)        # doctest: +SKIP
+        """
+        import logging
+        report = report or logging.getLogger("embedlab.serving").warning
+        times: list[float] = []
+        while not stop.wait(poll_s):
+            if self.running():
+                continue
+            why = self.exit_reason()
+            now = time.monotonic()
+            times = [t for t in times if now - t < window_s] + [now]
+            if len(times) > max_restarts:
+                raise TritonServerError(
+                    f"tritonserver exited {len(times)} times within {window_s:.0f} s; not restarting it again. "
+                    f"Last: {why}. Log {self.log_file}")
+            report(f"tritonserver (pid {self.pid}) exited unexpectedly, {why}; restarting it "
+                   f"(restart {self.restarts + 1}); log {self.log_file}")
+            self.restart(why)
+            report(f"tritonserver restarted (pid {self.pid}), serving again on {self.http_url}")
 
     def _log_text(self) -> str:
         try:
@@ -395,14 +517,8 @@ class TritonServer:
             rc = p.returncode
             # The python stubs watch the server and exit with it; a stub that is still there a
             # moment later is ended by the process group this server was started in.
-            deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and _group_alive(p.pid):
-                time.sleep(0.05)
-            if _group_alive(p.pid):
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            _end_group(p.pid)
+        self._cmd = None
         self._cleanup_files()
         atexit.unregister(self.stop)
         return rc
@@ -413,12 +529,17 @@ class TritonServer:
         try:
             self._metrics_front = MetricsFront(
                 "127.0.0.1", self.metrics_port, f"http://127.0.0.1:{self.triton_metrics_port}/metrics",
-                self._stats_dir)
+                self._stats_dir, extra=self._own_metrics)
         except OSError as e:
             self._cleanup_files()
             raise TritonServerError(
                 f"cannot serve metrics on 127.0.0.1:{self.metrics_port}: {e}"
                 + (" (address already in use)" if "in use" in str(e) else "")) from None
+
+    def _own_metrics(self) -> str:
+        return ("# HELP embedlab_triton_restarts_total Times the supervisor restarted tritonserver after it "
+                "exited by itself.\n# TYPE embedlab_triton_restarts_total counter\n"
+                f"embedlab_triton_restarts_total {self.restarts}\n")
 
     def _cleanup_files(self) -> None:
         if self._metrics_front is not None:
@@ -462,6 +583,19 @@ class TritonServer:
     def __repr__(self) -> str:
         state = f"pid {self.pid}, http {self.http_url}, grpc {self.grpc_url}" if self.running() else "stopped"
         return f"TritonServer({str(self.model_repository)!r}, {state})"
+
+
+def _end_group(pgid: int) -> None:
+    # The python stubs watch the server and exit with it; a stub that is still there a moment
+    # later is ended by the process group the server was started in.
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and _group_alive(pgid):
+        time.sleep(0.05)
+    if _group_alive(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _group_alive(pgid: int) -> bool:

@@ -88,6 +88,19 @@ def make_export(root: Path, seed: int = 7, model_name: str = "served_dnn", dim: 
                 "onnx_file": str(onnx_file), "onnx_input": "input_1", "onnx_output": "output_1",
                 "dense_savedmodel": "", "inference_savedmodel": ""}
     (root / "serving.json").write_text(json.dumps(manifest, indent=2))
+    return seal_export(root)
+
+
+def seal_export(root: Path) -> Path:
+    """Records the size and SHA-256 of the export's files in its `serving.json` (as
+    `embedlab.hps.export.write_manifest` does): after writing it, or after re-pointing a copy's
+    JSON files at the copy. Returns `root`."""
+    from embedlab.hps.export import record_files
+    raw = json.loads((root / "serving.json").read_text())
+    cfg = json.loads(Path(raw["ps_config_file"]).read_text())
+    sparse = [p for m in cfg["models"] for p in m["sparse_files"]]
+    raw.update(record_files(root, [raw["ps_config_file"], raw["onnx_file"], *sparse]))
+    (root / "serving.json").write_text(json.dumps(raw, indent=2))
     return root
 
 

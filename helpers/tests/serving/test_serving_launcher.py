@@ -15,7 +15,7 @@ import embedlab.serving.server as server_mod
 from embedlab.serving import (IDENTITY_ENSEMBLE, TritonServer, TritonServerError, client_for,
                               find_tritonserver, infer, load_manifest, write_identity_repository,
                               write_model_repository)
-from serving_export import MAX_BATCH, SLOTS, random_keys
+from serving_export import MAX_BATCH, SLOTS, random_keys, seal_export
 
 
 def _gone(server: TritonServer) -> bool:
@@ -66,7 +66,7 @@ def _copy_export(export_dir, dst):
     for name in ("serving.json", *(p.name for p in dst.glob("*.json") if p.name != "serving.json")):
         p = dst / name
         p.write_text(p.read_text().replace(str(export_dir), str(dst)))
-    return dst
+    return seal_export(dst)
 
 
 def test_corrupt_onnx_at_startup_is_named_and_nothing_left(export_dir, tmp_path):
@@ -158,3 +158,4 @@ def test_table_dim_disagreeing_with_manifest_is_named(export_dir, tmp_path):
                                                 r"but config.pbtxt says emb_vec_size"):
         s.start()
     assert _gone(s)
+
