@@ -7,23 +7,32 @@ It drives a running JupyterLab (however it was started: `make lab`, a Docker con
 a learner does, and stops at the first thing that is wrong, with a message naming it:
 
 1. without the token the lab is refused: the login page, also after a wrong token;
-2. with the token's URL the JupyterLab UI loads;
-3. the file browser lists the six notebooks of notebooks/ (01_ ... 06_) in order;
-4. notebook 01 opened from the file browser and run with the Run menu's "Restart Kernel and Run All
-   Cells" finishes: every code cell gets its execution count (1..N, in order), the kernel goes idle,
-   no cell shows an error,
-   and the output areas hold one rendered image per figure the notebook shows (`plt.show()`);
-5. a screenshot of the lab with notebook 01 executed is saved (and its path printed); on a failure
-   the screenshot shows the failure instead.
+2. with the token's URL the JupyterLab UI loads, and its first view (the file browser, before any
+   click) shows the lab's working copies of the notebooks (the folder the server names as its
+   preferred one, e.g. build/lab/notebooks): the six notebooks 01_ ... 06_ in order, 01 first,
+   the same names as the lesson sources in notebooks/;
+3. a save into notebooks/ (the lesson sources) is refused by the server (HTTP 403): a probe file
+   that must not be written there (it is deleted, and the test fails, if it was);
+4. notebook 02 opened from the file browser, its kernel started and idle, is not marked modified
+   (its tab has no dirty mark), and it closes without asking to be saved;
+5. notebook 01 opened the same way is not marked modified either; run with the Run menu's
+   "Restart Kernel and Run All Cells" it finishes: every code cell gets its execution count
+   (1..N, in order), the kernel goes idle, no cell shows an error, and the output areas hold one
+   rendered image per figure the notebook shows (`plt.show()`);
+6. a screenshot of the lab with notebook 01 executed is saved (and its path printed); on a failure
+   the screenshot shows the failure instead;
+7. File > Save Notebook saves it: the tab's dirty mark goes, the working copy on the server holds
+   the outputs (execution counts 1..N, the figures), and the notebook closes without a question;
+8. every lesson source in notebooks/ has the same text and modification time as before the test
+   (read through the REST API: for `make lab` and for the lab in a container alike);
+9. the documentation site that `make docs` built (--docs, default build/docs) opens from file://: its
+   index page and the API page of `embedlab.ops`, each with its title and heading. Where the folder
+   holds no index.html the step is skipped and says so (`make docs` builds it).
 
 Notebook 01 runs at the scale of the lab's environment: start the lab with EMBEDLAB_SCALE=ci
-(ci/lab_test.sh and ci/docker_test.sh do).
-
-The notebook file is not modified: autosave is turned off from the Settings menu before the
-notebook is opened (and turned back on at the end when it was on), the notebook is closed with
-"Discard" and its kernel shut down, and the file's text and modification time are compared with
-what they were before. The REST API is only read (what the server lists, the file's text, the
-sessions); everything that runs code goes through the UI.
+(ci/lab_test.sh and ci/docker_test.sh do). Autosave stays on, as a learner has it: the lab itself
+keeps the sources unchanged. The REST API is only read (what the server lists, the files' text,
+the sessions), except for the probe of step 3; everything that runs code goes through the UI.
 
 Chromium runs headless with a fresh profile and with what it needs as root and on a machine with
 no outside network (no sandbox, no GPU, no QUIC, no background or component updates).
@@ -52,10 +61,9 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-NOTEBOOK_DIR = "notebooks"
+SOURCE_DIR = "notebooks"  # the lesson sources (tracked by git), relative to the lab's root folder
 NOTEBOOK_PATTERN = re.compile(r"^(\d\d)_[A-Za-z0-9_]+\.ipynb$")
 EXPECTED_PREFIXES = ["01", "02", "03", "04", "05", "06"]
-AUTOSAVE_SETTINGS = "lab/api/settings/@jupyterlab/docmanager-extension:plugin"
 UI_TIMEOUT = 120          # seconds for one UI step (page load, a menu, the kernel starting) on a loaded machine
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -229,28 +237,6 @@ def close_menus(driver):
     wait_for(driver, "the menu closing", lambda d: not visible(d, ".lm-Menu"))
 
 
-def set_autosave(driver, server, on):
-    """Sets Settings > Autosave Documents; returns the state it had."""
-    item = menu_command(driver, "Settings", "docmanager:toggle-autosave")
-    was_on = item.get_attribute("aria-checked") == "true"
-    if was_on == on:
-        close_menus(driver)
-        return was_on
-    item.click()
-    wait_for(driver, "the Settings menu closing", lambda d: not visible(d, ".lm-Menu"))
-    # The lab stores the setting on the server, then the menu shows it.
-    wait_for(driver, f"the lab's server storing autosave={on}",
-             lambda d: server.json(AUTOSAVE_SETTINGS)["settings"].get("autosave", True) == on, poll=0.5)
-
-    def menu_shows(d):
-        shown = menu_command(d, "Settings", "docmanager:toggle-autosave").get_attribute("aria-checked") == "true"
-        close_menus(d)
-        return shown == on
-
-    wait_for(driver, f"Settings > Autosave Documents shown {'on' if on else 'off'}", menu_shows, poll=0.5)
-    return was_on
-
-
 def listing_names(driver):
     return [e.text.strip() for e in driver.find_elements(By.CSS_SELECTOR, ".jp-DirListing-item .jp-DirListing-itemText")]
 
@@ -324,29 +310,101 @@ def check_lab_loads_with_token(driver, server):
     log(f"the token's URL opens the lab: menus {[e.text for e in visible(driver, '#jp-MainMenu .lm-MenuBar-item')]}")
 
 
-def check_notebook_listing(driver, server):
-    listed = server.json(server.api_path(NOTEBOOK_DIR), content="1")
-    on_server = sorted(e["name"] for e in listed["content"] if NOTEBOOK_PATTERN.match(e["name"]))
-    if [NOTEBOOK_PATTERN.match(n).group(1) for n in on_server] != EXPECTED_PREFIXES:
-        raise Failed(f"{NOTEBOOK_DIR}/ on the server holds {on_server}, not one notebook for each of "
-                     f"{', '.join(EXPECTED_PREFIXES)}")
-    # From the lab's root folder (the home icon of the file browser's path).
-    driver.find_element(By.CSS_SELECTOR, ".jp-FileBrowser .jp-BreadCrumbs-home").click()
-    folder = wait_for(driver, f"the folder '{NOTEBOOK_DIR}' in the file browser's root folder",
-                      lambda d: listing_item(d, NOTEBOOK_DIR))
-    ActionChains(driver).double_click(folder).perform()
-    wait_for(driver, f"the file browser showing {NOTEBOOK_DIR}/",
-             lambda d: NOTEBOOK_DIR in d.find_element(By.CSS_SELECTOR, ".jp-FileBrowser .jp-BreadCrumbs").text
+# JupyterLab marks a document's tab with jp-mod-dirty while it has unsaved changes.
+TAB_DIRTY_JS = r"""
+const tabs = [...document.querySelectorAll('#jp-main-dock-panel .lm-TabBar-tab')]
+  .filter(t => (t.querySelector('.lm-TabBar-tabLabel') || {}).textContent?.trim() === arguments[0]);
+return tabs.map(t => t.classList.contains('jp-mod-dirty'));
+"""
+
+
+def tab_dirty(driver, name):
+    """True/False: whether the tab of `name` is marked modified; None when no tab of that name is open."""
+    marks = driver.execute_script(TAB_DIRTY_JS, name)
+    return marks[0] if marks else None
+
+
+def notebook_names(server, folder):
+    """The NN_*.ipynb names the server lists in `folder`, sorted; Failed unless one for each of 01..06."""
+    listed = server.json(server.api_path(folder), content="1")
+    names = sorted(e["name"] for e in listed["content"] if e["type"] == "notebook" and NOTEBOOK_PATTERN.match(e["name"]))
+    if [NOTEBOOK_PATTERN.match(n).group(1) for n in names] != EXPECTED_PREFIXES:
+        raise Failed(f"{folder}/ on the server holds {names}, not one notebook for each of {', '.join(EXPECTED_PREFIXES)}")
+    return names
+
+
+def check_first_view(driver, server):
+    """The file browser of the freshly loaded lab shows the working copies, 01 first; returns (folder, names)."""
+    folder = driver.execute_script(
+        "const e = document.getElementById('jupyter-config-data');"
+        "return e ? (JSON.parse(e.textContent).preferredPath || '') : null;")
+    folder = (folder or "").strip("/")
+    if not folder or folder == SOURCE_DIR:
+        raise Failed(f"the lab's preferred folder (where its file browser opens) is {folder or 'the root folder'!r}: "
+                     f"it should be the working copies of the notebooks, outside {SOURCE_DIR}/")
+    names = notebook_names(server, folder)
+    sources = notebook_names(server, SOURCE_DIR)
+    if names != sources:
+        raise Failed(f"the working copies in {folder}/ are {names}; the lesson sources in {SOURCE_DIR}/ are {sources}")
+    # Before any click: the breadcrumbs name the folder and the listing holds the notebooks.
+    last = folder.rsplit("/", 1)[-1]
+    wait_for(driver, f"the lab's first view showing {folder}/ in the file browser",
+             lambda d: last in d.find_element(By.CSS_SELECTOR, ".jp-FileBrowser .jp-BreadCrumbs").text
              and any(n.endswith(".ipynb") for n in listing_names(d)))
-    shown = [n for n in listing_names(driver) if n.endswith(".ipynb")]
-    if shown != on_server:
-        raise Failed(f"the file browser lists the notebooks {shown}; expected {on_server} in this order")
-    log(f"the file browser lists the six notebooks in order: {', '.join(shown)}")
-    return shown[0]
+    shown = listing_names(driver)
+    notebooks = [n for n in shown if n.endswith(".ipynb")]
+    if notebooks != names or shown[0] != names[0]:
+        raise Failed(f"the lab's first view lists {shown}; expected the notebooks {names} in this order, "
+                     f"{names[0]} first")
+    log(f"the lab's first view is {folder}/ (the working copies): {', '.join(notebooks)}; "
+        f"the same names as {SOURCE_DIR}/")
+    return folder, names
 
 
-def open_notebook(driver, server, name):
-    rel = f"{NOTEBOOK_DIR}/{name}"
+def check_sources_refuse_saves(server):
+    """A save into the lesson sources' folder is refused: a new file there must get HTTP 403."""
+    probe = f"{SOURCE_DIR}/zz-lab-test-probe-{os.getpid()}.txt"
+    url = urllib.parse.urljoin(server.url, server.api_path(probe))
+    body = json.dumps({"type": "file", "format": "text", "content": "must not be written"}).encode()
+    req = urllib.request.Request(url, data=body, method="PUT",
+                                 headers={"Authorization": f"token {server.token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, answer = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, answer = e.code, e.read()
+    if status != 403:
+        if status in (200, 201):
+            urllib.request.urlopen(urllib.request.Request(url, method="DELETE",
+                                                          headers={"Authorization": f"token {server.token}"}),
+                                   timeout=30).close()
+        raise Failed(f"a save into {SOURCE_DIR}/ answered HTTP {status} (expected 403: the lab never changes the "
+                     f"lesson sources): {answer[:300]!r}")
+    message = json.loads(answer).get("message", "")
+    log(f"a save into {SOURCE_DIR}/ is refused (HTTP 403: {message[:120]!r}...)")
+
+
+def sources_state(server, names):
+    return {n: server.file_state(f"{SOURCE_DIR}/{n}") for n in names}
+
+
+def check_not_dirty(driver, name, settle=5.0):
+    """`name`'s tab stays unmarked for `settle` seconds after its kernel went idle (the kernel's info
+    reply updates the notebook's metadata just after it connects)."""
+    t_end = time.monotonic() + settle
+    while time.monotonic() < t_end:
+        dirty = tab_dirty(driver, name)
+        if dirty is None:
+            raise Failed(f"no tab of {name} is open")
+        if dirty:
+            raise Failed(f"{name} is marked modified (its tab is dirty) although nothing was changed: its metadata "
+                         "(kernelspec, language_info) differs from what the kernel reports (ci/normalize_notebooks.py)")
+        time.sleep(0.25)
+
+
+def open_notebook(driver, server, folder, name):
+    """Opens `name` from the file browser (showing `folder`); returns (code cells, figures)."""
+    rel = f"{folder}/{name}"
     nb = json.loads(server.json(server.api_path(rel), type="file", format="text", content="1")["content"])
     code_cells = sum(c["cell_type"] == "code" for c in nb["cells"])
     figures = expected_figures(nb)
@@ -365,7 +423,8 @@ def open_notebook(driver, server, name):
     if any(p != "[ ]:" for p in state["prompts"]):
         raise Failed(f"{name} opened with outputs or execution counts ({state['prompts']}): it should be committed "
                      "without outputs")
-    log(f"opened {rel}: {code_cells} code cells, kernel idle, {figures} figures expected")
+    check_not_dirty(driver, name)
+    log(f"opened {rel}: {code_cells} code cells, kernel idle, not marked modified; {figures} figures expected")
     return code_cells, figures
 
 
@@ -470,14 +529,30 @@ def screenshot_executed(driver, path):
     log(f"screenshot of the lab with the executed notebook: {path}")
 
 
-def close_without_saving(driver, server, rel, name):
+def save_notebook(driver, server, rel, name, code_cells, figures):
+    """File > Save Notebook: the tab loses its dirty mark and the file on the server holds the run."""
+    before = server.file_state(rel)
+    menu_command(driver, "File", "docmanager:save").click()
+    wait_for(driver, f"{name} saved (its tab no longer marked modified)", lambda d: tab_dirty(d, name) is False)
+    wait_for(driver, f"{rel} written on the server", lambda d: server.file_state(rel) != before, poll=0.5)
+    nb = json.loads(server.json(server.api_path(rel), type="file", format="text", content="1")["content"])
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    counts = [c.get("execution_count") for c in code]
+    images = sum("image/png" in o.get("data", {}) for c in code for o in c.get("outputs", []))
+    if counts != list(range(1, code_cells + 1)) or images < figures:
+        raise Failed(f"the saved {rel} holds execution counts {counts} and {images} figures; expected 1..{code_cells} "
+                     f"and {figures}: the learner's outputs were not kept")
+    log(f"saved {rel} with File > Save Notebook: its outputs are in the file (counts 1..{code_cells}, {images} figures)")
+
+
+def close_notebook(driver, server, rel, name):
+    """File > Close and Shut Down Notebook; fails if JupyterLab asks whether to save (it has no unsaved changes)."""
     menu_command(driver, "File", "filemenu:close-and-cleanup").click()
-    # JupyterLab asks to confirm the shutdown, then (the notebook has unsaved outputs) whether to
-    # save: confirm the first, answer "Discard" to the second, never "Save".
+    # JupyterLab asks to confirm the kernel's shutdown: confirm. A question about saving means the
+    # notebook was marked modified.
     deadline = time.monotonic() + UI_TIMEOUT
     while True:
-        tab_open = any(t.text.strip() == name for t in
-                       driver.find_elements(By.CSS_SELECTOR, "#jp-main-dock-panel .lm-TabBar-tabLabel"))
+        tab_open = tab_dirty(driver, name) is not None
         dialogs = visible(driver, ".jp-Dialog")
         if not tab_open and not dialogs:
             break
@@ -487,20 +562,43 @@ def close_without_saving(driver, server, rel, name):
         if dialogs:
             buttons = {b.text.strip(): b for b in dialogs[0].find_elements(By.CSS_SELECTOR, ".jp-Dialog-footer button")}
             title = dialogs[0].find_element(By.CSS_SELECTOR, ".jp-Dialog-header").text.strip()
-            if "Discard" in buttons:
-                buttons["Discard"].click()
-            elif title.lower().startswith("shut down") and "Save" not in buttons:
+            if title.lower().startswith("shut down") and "Save" not in buttons and "Discard" not in buttons:
                 dialogs[0].find_element(By.CSS_SELECTOR, ".jp-Dialog-footer button.jp-mod-accept").click()
             else:
-                raise Failed(f"unexpected dialog while closing {name}: {dialogs[0].text[:300]!r} "
-                             f"(buttons {list(buttons)})")
+                raise Failed(f"closing {name}, which has no unsaved changes, JupyterLab asked: "
+                             f"{dialogs[0].text[:300]!r} (buttons {list(buttons)})")
             wait_for(driver, "the dialog closing", lambda d, dlg=dialogs[0]: not _attached(dlg) or not dlg.is_displayed())
         else:
-            wait_for(driver, f"{name} closing or a dialog", lambda d: visible(d, ".jp-Dialog") or not any(
-                t.text.strip() == name for t in d.find_elements(By.CSS_SELECTOR, "#jp-main-dock-panel .lm-TabBar-tabLabel")))
+            wait_for(driver, f"{name} closing or a dialog",
+                     lambda d: visible(d, ".jp-Dialog") or tab_dirty(d, name) is None)
     wait_for(driver, f"the kernel session of {rel} shutting down",
              lambda d: not any(s.get("path") == rel for s in server.json("api/sessions")))
-    log(f"closed {name} without saving (Discard) and shut its kernel down")
+    log(f"closed {name} without a question about saving, and shut its kernel down")
+
+
+DOCS_PAGES = [  # (page under the site, what its <title> starts with, its first <h1>)
+    ("index.html", "EmbedLab", "EmbedLab"),
+    ("api/generated/embedlab.ops.html", "embedlab.ops", "embedlab.ops"),
+]
+
+
+def check_docs(driver, site: Path):
+    """Open the built documentation's index and one API page from file:// and check their titles and headings."""
+    if not (site / "index.html").is_file():
+        log(f"no {site / 'index.html'}: the documentation check is skipped (`make docs` builds the site)")
+        return
+    for page, title, heading in DOCS_PAGES:
+        path = site / page
+        if not path.is_file():
+            raise Failed(f"the documentation site {site} has no {page}")
+        driver.get(path.resolve().as_uri())
+        wait_for(driver, f"{page} to load", lambda d: d.execute_script("return document.readyState") == "complete")
+        h1 = driver.find_elements(By.CSS_SELECTOR, "h1")
+        got_h1 = h1[0].text.strip().rstrip("#¶").strip() if h1 else None
+        if not driver.title.startswith(title) or got_h1 != heading:
+            raise Failed(f"documentation page {page}: title {driver.title!r}, heading {got_h1!r}; expected the "
+                         f"title to start with {title!r} and the heading {heading!r}")
+        log(f"documentation page {page}: title {driver.title!r}, heading {got_h1!r}")
 
 
 def save_screenshot(driver, path):
@@ -517,6 +615,8 @@ def main(argv=None):
     ap.add_argument("--screenshot", required=True, type=Path, help="PNG to write (its folder is created)")
     ap.add_argument("--timeout", type=float, default=900,
                     help="seconds allowed for running notebook 01's cells (default 900: a loaded 2-core machine)")
+    ap.add_argument("--docs", type=Path, default=Path("build/docs"),
+                    help="the built documentation site to open after the lab's checks (default build/docs)")
     ap.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
     ap.add_argument("--chromedriver", default=shutil.which("chromedriver") or "/usr/bin/chromedriver")
     args = ap.parse_args(argv)
@@ -535,7 +635,7 @@ def main(argv=None):
     args.screenshot.unlink(missing_ok=True)  # never leave an older run's picture under this name
     work = Path(tempfile.mkdtemp(prefix="lab-browser-test-"))
     driver, t0 = None, time.monotonic()
-    autosave_was_on, rel, before = None, None, None
+    sources, before = None, None
     try:
         status, _ = server.get("api", token=False)
         if status != 200:
@@ -543,26 +643,27 @@ def main(argv=None):
         driver = start_chromium(args.chromium, args.chromedriver, work / "profile", work / "chromedriver.log")
         check_refused_without_token(driver, server)
         check_lab_loads_with_token(driver, server)
-        autosave_was_on = set_autosave(driver, server, False)
-        log(f"Settings > Autosave Documents turned off (it was {'on' if autosave_was_on else 'off'}): "
-            "running the notebook must not write its outputs into the file")
-        name = check_notebook_listing(driver, server)
-        rel = f"{NOTEBOOK_DIR}/{name}"
-        before = server.file_state(rel)
-        code_cells, figures = open_notebook(driver, server, name)
+        folder, names = check_first_view(driver, server)
+        sources = list(names)
+        before = sources_state(server, sources)
+        check_sources_refuse_saves(server)
+        # A notebook opened and closed unchanged: no dirty mark, no question about saving.
+        open_notebook(driver, server, folder, names[1])
+        close_notebook(driver, server, f"{folder}/{names[1]}", names[1])
+        name = names[0]
+        rel = f"{folder}/{name}"
+        code_cells, figures = open_notebook(driver, server, folder, name)
         run_all_cells(driver, name, code_cells, args.timeout)
         check_outputs(driver, name, figures)
         screenshot_executed(driver, args.screenshot)
-        close_without_saving(driver, server, rel, name)
-        if autosave_was_on:
-            set_autosave(driver, server, True)
-            autosave_was_on = False
-            log("Settings > Autosave Documents turned back on")
-        after = server.file_state(rel)
-        if after != before:
-            raise Failed(f"{rel} was modified on the server during the test (last modified {before[0]} -> "
-                         f"{after[0]})")
-        log(f"{rel} is unchanged on the server (same text, last modified {after[0]})")
+        save_notebook(driver, server, rel, name, code_cells, figures)
+        close_notebook(driver, server, rel, name)
+        after = sources_state(server, sources)
+        changed = [n for n in sources if after[n] != before[n]]
+        if changed:
+            raise Failed(f"the lesson sources {changed} in {SOURCE_DIR}/ were modified on the server during the test")
+        log(f"the lesson sources in {SOURCE_DIR}/ are unchanged on the server (same text and modification times)")
+        check_docs(driver, args.docs)
     except (Failed, WebDriverException) as e:
         msg = str(e) if isinstance(e, Failed) else f"the browser failed: {e.msg or e!r}"
         if driver is not None:
@@ -571,14 +672,13 @@ def main(argv=None):
                 msg += f"\nscreenshot of the failure: {args.screenshot}"
             except (Failed, WebDriverException) as shot:
                 msg += f"\n(no screenshot: {shot})"
-        if rel and before:
+        if sources and before:
             try:
-                if server.file_state(rel) != before:
-                    msg += f"\n{rel} was modified on the server"
+                changed = [n for n, state in sources_state(server, sources).items() if state != before[n]]
+                if changed:
+                    msg += f"\nthe lesson sources {changed} in {SOURCE_DIR}/ were modified on the server"
             except Failed:
                 pass
-        if autosave_was_on:
-            msg += "\nSettings > Autosave Documents is left off in this lab's settings"
         print(f"lab_browser_test: FAILED after {time.monotonic() - t0:.0f} s: {msg}", file=sys.stderr, flush=True)
         return 1
     finally:

@@ -2,10 +2,14 @@
 # `make lab-test`: the lab as a learner starts and uses it.
 # Starts `make lab` for real (the README's command) on a free port with EMBEDLAB_SCALE=ci, waits
 # for it to serve, reads the token from what it printed, and runs ci/lab_browser_test.py (headless
-# Chromium: login refused without the token, the notebook list, notebook 01 run through the UI,
-# a screenshot under build/lab/). Everything it started is stopped on every exit path: the
-# `make lab` process group, then any kernel still running (kernels run in sessions of their own),
-# by PID. It fails when the lab changed notebook 01 or left files git would see.
+# Chromium: login refused without the token, a first view that lists the working copies of the
+# notebooks, a save into notebooks/ refused, a notebook opened and closed without being marked
+# modified, notebook 01 run through the UI and saved, a screenshot under build/lab/).
+# The lab's working copies go to a folder of this test (LAB_DIR=build/lab-test.XXXXXX, removed at
+# the end), so that a learner's own copies in build/lab are never touched. Everything it started is
+# stopped on every exit path: the `make lab` process group, then any kernel still running (kernels
+# run in sessions of their own), by PID. It fails when the lab changed a notebook in notebooks/ or
+# left files git would see: in a clean checkout (CI) `git status --porcelain` must stay empty.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -17,17 +21,19 @@ export EMBEDLAB_SCALE=ci
 # The token the lab generates and prints, as for a user who sets none.
 unset JUPYTER_TOKEN JUPYTER_TOKEN_FILE
 work=$(mktemp -d /tmp/embedlab-lab-test.XXXXXX)
-# The lab's runtime files, settings and workspaces in this test's folder: the browser test turns
-# autosave off, which must not stay in the user's own ~/.jupyter settings.
+# The lab's runtime files, settings and workspaces in this test's folder: nothing of this lab's
+# session stays in the user's own ~/.jupyter and ~/.local/share/jupyter.
 export JUPYTER_RUNTIME_DIR="$work/runtime" JUPYTERLAB_SETTINGS_DIR="$work/settings" \
        JUPYTERLAB_WORKSPACES_DIR="$work/workspaces"
 LOG="$work/make-lab.log"
+mkdir -p build
+lab_dir=$(mktemp -d build/lab-test.XXXXXX)
 port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 checkpoints_existed=0
 [ -e notebooks/.ipynb_checkpoints ] && checkpoints_existed=1
-# What the lab could change: the notebook the browser runs, new files where Jupyter writes them
-# (notebooks/, the root folder), and, in a clean checkout (CI), anything git sees.
-lab_state() { sha256sum notebooks/01_*.ipynb; git ls-files --others --exclude-standard -- notebooks ':(glob)*'; }
+# What the lab could change: the lesson sources, new files where Jupyter writes them (notebooks/,
+# the root folder), and, in a clean checkout (CI), anything git sees.
+lab_state() { sha256sum notebooks/*.ipynb; git ls-files --others --exclude-standard -- notebooks ':(glob)*'; }
 before=$(lab_state)
 was_clean=0
 [ -z "$(git status --porcelain --untracked-files=all)" ] && was_clean=1
@@ -63,17 +69,17 @@ cleanup() {
   # Jupyter makes notebooks/.ipynb_checkpoints (git-ignored) when a notebook is opened.
   if [ "$checkpoints_existed" = 0 ] && [ -d notebooks/.ipynb_checkpoints ]; then rm -rf notebooks/.ipynb_checkpoints; fi
   if [ "$rc" != 0 ] && [ -f "$LOG" ]; then echo "== the last lines of make lab's output"; tail -n 40 "$LOG"; fi
-  rm -rf "$work"
+  rm -rf "$work" "$lab_dir"
   exit "$rc"
 }
 trap cleanup EXIT
 trap 'echo "lab_test: interrupted"; exit 130' INT TERM
 
-echo "== make lab LAB_PORT=$port (EMBEDLAB_SCALE=ci), as $(id -un)"
+echo "== make lab LAB_PORT=$port LAB_DIR=$lab_dir (EMBEDLAB_SCALE=ci), as $(id -un)"
 # A process group of its own (job control on for this one start), so that the whole of it
 # (make, Jupyter) is stopped as one group.
 set -m
-make lab LAB_PORT="$port" > "$LOG" 2>&1 < /dev/null &
+make lab LAB_PORT="$port" LAB_DIR="$lab_dir" > "$LOG" 2>&1 < /dev/null &
 lab_pid=$!
 set +m
 
@@ -113,7 +119,7 @@ echo "   browser test: $(( $(date +%s) - t1 )) s"
 
 after=$(lab_state)
 if [ "$before" != "$after" ]; then
-  echo "lab_test: the lab changed notebook 01 or left new files:"
+  echo "lab_test: the lab changed a notebook in notebooks/ or left new files:"
   diff <(echo "$before") <(echo "$after") || true
   exit 1
 fi
@@ -122,5 +128,5 @@ if [ "$was_clean" = 1 ] && [ -n "$(git status --porcelain --untracked-files=all)
   git status --porcelain --untracked-files=all
   exit 1
 fi
-echo "notebook 01 unchanged, no new files$([ "$was_clean" = 1 ] && echo ', git status clean')"
+echo "notebooks/ unchanged, no new files$([ "$was_clean" = 1 ] && echo ', git status --porcelain empty')"
 echo "screenshot of the lab with notebook 01 executed: $SCREENSHOT"

@@ -3,6 +3,9 @@
 A notebook that fails is still written, with its outputs up to and including the error, so the learner can open
 it; the run then stops with exit status 1 and names the notebook, the cell (its number and the heading above it)
 and the error. Each copy is written to a temporary name and renamed into place: no half-written notebook is left.
+The kernel process's own output (its start-up warnings, a crash) goes to NAME.kernel.log in the log folder
+(--log-dir, default: `logs/<output folder's name>` beside the output folder, build/logs/notebooks for `make run`),
+so that the output folder holds only notebooks (a learner opens it in the lab).
 
     python ci/run_notebooks.py --output-dir build/notebooks notebooks/01_*.ipynb ...
 """
@@ -48,13 +51,19 @@ def _failed_cell(nb):
     return None, None
 
 
-def run_one(path: Path, out_dir: Path, timeout: int) -> bool:
+def default_log_dir(out_dir: Path) -> Path:
+    """Where the kernels' logs of a run into `out_dir` go: build/notebooks -> build/logs/notebooks."""
+    out_dir = Path(out_dir)
+    return out_dir.parent / "logs" / out_dir.name
+
+
+def run_one(path: Path, out_dir: Path, timeout: int, log_dir: Path) -> bool:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent.resolve())}})
-    # The kernel process's own messages (its start-up warnings, a crash) go to a log beside the notebook, not into
+    # The kernel process's own messages (its start-up warnings, a crash) go to a log in the log folder, not into
     # the run's output; what the cells print is in the notebook.
-    log = out_dir / f"{path.stem}.kernel.log"
+    log = log_dir / f"{path.stem}.kernel.log"
     error = None
     with open(log, "w") as kernel_log:
         try:
@@ -88,21 +97,28 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("notebooks", nargs="+", type=Path)
     ap.add_argument("--output-dir", type=Path, default=Path("build/notebooks"))
+    ap.add_argument("--log-dir", type=Path, default=None,
+                    help="folder for the kernels' logs (default: logs/<output folder's name> beside the output folder)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds one cell may run (default 3600)")
     args = ap.parse_args(argv)
+    log_dir = args.log_dir or default_log_dir(args.output_dir)
+    if log_dir.resolve() == args.output_dir.resolve():
+        ap.error(f"--log-dir {log_dir} is the output folder: the logs are kept apart from the notebooks")
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
     scale = os.environ.get("EMBEDLAB_SCALE", "small")
     print(f"== executing {len(args.notebooks)} notebooks (EMBEDLAB_SCALE={scale}) into {args.output_dir}/", flush=True)
     total = time.monotonic()
     for path in args.notebooks:
         t0 = time.monotonic()
         print(f"   {path.stem:<36} ", end="", flush=True)
-        ok = run_one(path, args.output_dir, args.timeout)
+        ok = run_one(path, args.output_dir, args.timeout, log_dir)
         if not ok:
             print(f"   {path.stem}: FAILED after {time.monotonic() - t0:.0f} s; later notebooks were not run", flush=True)
             return 1
         print(f"ok in {time.monotonic() - t0:.0f} s", flush=True)
-    print(f"Executed notebooks (with their figures) are in {args.output_dir}/ ({time.monotonic() - total:.0f} s in all)")
+    print(f"Executed notebooks (with their figures) are in {args.output_dir}/ ({time.monotonic() - total:.0f} s in all); "
+          f"the kernels' logs in {log_dir}/")
     return 0
 
 

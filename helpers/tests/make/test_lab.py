@@ -200,7 +200,12 @@ def test_lab_sh_passes_extra_arguments_and_refuses_a_second_address(tmp_path):
     r = _lab_sh(tmp_path, "--ServerApp.port_retries=0", LAB_IP="10.1.2.3", LAB_PORT="9999")
     assert r.returncode == 0, r.stderr
     args = [line[4:] for line in r.stdout.splitlines() if line.startswith("ARG ")]
+    # The first call makes the lab's working copies (ci/lab_notebooks.py), the second starts Jupyter.
+    assert args[:3] == ["ci/lab_notebooks.py", "--dest", "build/lab"], args
+    args = args[args.index("-m"):]
     assert args[:3] == ["-m", "jupyter", "lab"]
+    assert "--ContentsManager.preferred_dir=build/lab/notebooks" in args
+    assert f"--config={ROOT}/ci/jupyter_server_config.py" in args
     assert _options(args, "--ip") == ["10.1.2.3"] and _options(args, "--port") == ["9999"]
     assert args[-1] == "--ServerApp.port_retries=0"
     assert f"--ServerApp.root_dir={ROOT}" in args
