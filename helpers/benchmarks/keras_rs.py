@@ -11,6 +11,10 @@ the same batches (they agree to float32 rounding for SGD and for Adagrad on data
 unique in each batch; Keras' Adagrad squares duplicate keys' gradients separately).
 
     PYTHONPATH=helpers .venv/bin/python helpers/benchmarks/keras_rs.py --rows 100000 --batch 4096
+
+The JSON (arguments, machine, 1-minute load average before and after, every timed repeat, the
+losses) goes to `--out`, by default docs/benchmarks/results/keras_rs_<machine>_<date>.json
+(`_results.py`); `--note` adds a free-text note to it (e.g. that the machine was shared).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 # This file's name is the package's: run as a script, its folder (sys.path[0]) would shadow it.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
@@ -34,6 +39,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from embedlab.keras_rs import DistributedEmbedding  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _results  # noqa: E402
 
 N_TABLES, N_DENSE = 26, 13
 
@@ -82,8 +90,11 @@ def main():
     ap.add_argument("--steps", type=int, default=8, help="loss-curve steps (same batches for both)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--unique", action="store_true", help="keys unique within each batch and table")
-    ap.add_argument("--json")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON path (default docs/benchmarks/results/keras_rs_<machine>_<date>.json)")
+    ap.add_argument("--note", default="", help="free text stored with the results (e.g. 'machine shared')")
     args = ap.parse_args()
+    load_before = os.getloadavg()[0]
     rng = np.random.default_rng(0)
 
     def batch():
@@ -126,9 +137,22 @@ def main():
     print("  losses embedlab", [round(v, 6) for v in losses["embedlab"]])
     print("  losses keras_rs", [round(v, 6) for v in losses["keras_rs"]])
     print(f"  largest relative loss difference {diff:.2e}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "times_s": times, "losses": losses}, f, indent=1)
+    machine = {"cpu": _results.cpu_name(), "cpu_family_model": _results.cpu_family_model(),
+               "cores": os.cpu_count(), "tensorflow": tf.__version__, "keras": keras.__version__,
+               "keras_rs": getattr(keras_rs, "__version__", None)}
+    ratios = {w: statistics.median(times[f"keras_rs_{w}"]) / statistics.median(times[f"embedlab_{w}"])
+              for w in ("step", "forward")}
+    out = {"command": " ".join(sys.argv), "machine": machine,
+           "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+           # Other processes on a shared machine show up here (1-minute load average vs cores).
+           "load_average_before": load_before, "load_average_after": os.getloadavg()[0],
+           "times_s": times, "median_ratio_keras_rs_over_embedlab": ratios, "losses": losses,
+           "largest_relative_loss_difference": diff, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path = args.out or _results.default_out("keras_rs", _results.cpu_machine())
+    from embedlab._io import atomic_file
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(out, indent=1))
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

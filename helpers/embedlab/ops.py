@@ -14,16 +14,13 @@ plain tensors. Per-key weights are inputs only: no gradient flows to them.
 """
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import tensorflow as tf
-from tensorflow.python import pywrap_tfe
-from tensorflow.python.distribute import distribute_lib
-from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.ops import resource_variable_ops
 
-from . import _native
+from . import _lookup, _native
+from ._lookup import as_variable, is_dtype, resource_forward, sparse_inputs, training_lookup
 from .sparse_input import SparseInput, as_csr
 
 __all__ = ["embedding_lookup", "fused_embedding_lookup", "to_csr"]
@@ -38,23 +35,6 @@ _native.tf_ops()
 
 def _lib():
     return _native.tf_ops()
-
-
-def _as_variable(table):
-    """The tf.Variable behind `table` (tf.Variable or Keras variable), else None."""
-    if isinstance(table, tf.Variable):
-        return table
-    value = getattr(table, "value", None)  # keras.Variable on the TensorFlow backend
-    if isinstance(value, tf.Variable) and hasattr(table, "handle"):
-        return value
-    return None
-
-
-def _is(dtype, expected) -> bool:
-    """dtype == expected, answered by identity first: TensorFlow hands out one DType object per
-    type, and DType.__eq__ (Python) is slow enough to matter to an eager call that checks 26
-    tables a hundred times."""
-    return dtype is expected or dtype == expected
 
 
 def to_csr(ids, weights=None, where: str = "embedlab.ops"):
@@ -81,16 +61,6 @@ def to_csr(ids, weights=None, where: str = "embedlab.ops"):
     """
     x = SparseInput.from_any(ids, weights, where=where)
     return x.row_splits, x.keys, x.weights
-
-
-def _inputs(ids, weights, where):
-    """One SparseInput per ids entry (weights: None or one per entry), weighted all or none."""
-    out = [SparseInput.from_any(x, None if weights is None else weights[t], where=where) for t, x in enumerate(ids)]
-    weighted = [x.has_weights for x in out]
-    if any(weighted) and not all(weighted):
-        raise ValueError(f"{where}: weights must be given for every table or for none; ids "
-                         f"{[t for t, w in enumerate(weighted) if not w]} carry no weights")
-    return out, weighted[0]
 
 
 def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=None, name=None, optimizer=None,
@@ -158,28 +128,28 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
             if getattr(table, "is_dynamic", False):   # a sok.DynamicVariable is read by key, not by row
                 raise ValueError(f"{where}: tables[{t}] is an embedlab.sok.DynamicVariable, whose rows are found by "
                                  "key: use sok.lookup_sparse or tf.nn.embedding_lookup(table, keys)")
-        variables = [_as_variable(t) for t in tables]
+        variables = [as_variable(t) for t in tables]
         if optimizer is not None:
             if not hasattr(optimizer, "apply_lookup_gradients"):
                 raise ValueError(f"{where}: optimizer must be an embedlab.optimizers instance (SGD, Adagrad, "
-                                 f"Adam), got {type(optimizer).__name__}")
+                                 f"Adam, FTRL), got {type(optimizer).__name__}")
             if any(v is None for v in variables):
                 raise ValueError(f"{where}: with an optimizer, every table must be a variable")
         if all(v is not None for v in variables):
             for v in variables:
-                if not _is(v.dtype, tf.float32):
+                if not is_dtype(v.dtype, tf.float32):
                     raise ValueError(f"{where}: tables must be float32, got {v.dtype.name}")
-            forward = _resource_forward(variables, ids, weights, combiners, where)
             if optimizer is not None:
-                return _lookup_training(variables, list(tables), forward, combiners, optimizer, backward_trigger)
-            _watch(variables)
+                return training_lookup(tables, ids, weights, combiners, [optimizer] * n, backward_trigger, where)
+            forward = resource_forward(variables, ids, weights, combiners, where)
+            _lookup.watch(variables)
             return forward([v.handle for v in variables])[0]
-        inputs, weighted = _inputs(ids, weights, where)
+        inputs, weighted = sparse_inputs(ids, weights, where)
         csr = as_csr(inputs)
         tensors = []
         for t, table in enumerate(tables):
             table = tf.convert_to_tensor(table)
-            if not _is(table.dtype, tf.float32):
+            if not is_dtype(table.dtype, tf.float32):
                 raise ValueError(f"{where}: tables[{t}] must be float32, got {table.dtype.name}")
             if table.shape.rank not in (None, 2):
                 raise ValueError(f"{where}: tables[{t}] must be [rows, dim], got shape {table.shape}")
@@ -187,114 +157,6 @@ def fused_embedding_lookup(tables: Sequence, ids: Sequence, combiners, weights=N
         return _lib().embed_lab_fused_lookup(tensors, [c[0] for c in csr], [c[1] for c in csr],
                                              [c[2] for c in csr] if weighted else [],
                                              combiners=combiners)
-
-
-def _watch(variables):
-    """Lets a GradientTape (and any variable watcher) watch the variables, as reading them does.
-    Eagerly, one batched notification instead of a graph check per variable: part of keeping an
-    eager call's own cost small."""
-    if tf.executing_eagerly():
-        _variables_accessed(variables)
-        return
-    for v in variables:
-        resource_variable_ops.variable_accessed(v)
-
-
-def _variables_accessed(variables):
-    """tape.variables_accessed(variables), with the distribution strategy looked up once for all
-    the variables instead of once per variable (TensorFlow's resolver,
-    distribute_lib.get_local_results_or_value_container, looks it up on every call: 26 of them
-    were a third of this function's time). Where another resolver is installed, TensorFlow's
-    own function runs."""
-    if tape_lib._variables_override is not distribute_lib.get_local_results_or_value_container:
-        tape_lib.variables_accessed(variables)
-        return
-    strategy, context = distribute_lib.get_strategy_and_replica_context()
-    for v in variables:
-        if not v.trainable:
-            continue
-        resolved = [strategy.extended.value_container(v)] if context else strategy.experimental_local_results(v)
-        for var in resolved:
-            pywrap_tfe.TFE_Py_TapeVariableAccessed(var)
-            pywrap_tfe.TFE_Py_VariableWatcherVariableAccessed(var)
-
-
-@functools.lru_cache(maxsize=None)
-def _gpu_visible():
-    # Logical devices are fixed once TensorFlow has initialised them (the first op did).
-    return bool(tf.config.list_logical_devices("GPU"))
-
-
-def _on_cpu(variables):
-    """True when every variable lives on the CPU (or no GPU is visible at all)."""
-    if not _gpu_visible():
-        return True
-    return all(tf.DeviceSpec.from_string(v.handle.device or "").device_type == "CPU" for v in variables)
-
-
-def _resource_forward(variables, ids, weights, combiners, where):
-    """forward(handles) -> (outputs, row_splits, keys, weights) of a lookup of variables: the
-    pooled rows, and the CSR ids they were computed from (what the backward reads)."""
-    inputs, weighted = _inputs(ids, weights, where)
-    if all(x.is_coo for x in inputs) and _on_cpu(variables):
-        # All COO (the usual input) and CPU tables: conversion and lookup in one op
-        # (CPU kernel only), so that COO input costs the train step little more than CSR input.
-        coo = [x.coo for x in inputs]
-        sparse = ([c[0] for c in coo], [c[1] for c in coo], [c[2] for c in coo],
-                  [c[3] for c in coo] if weighted else [])
-
-        def forward(handles):
-            r = _lib().embed_lab_fused_resource_sparse_lookup(list(handles), *sparse, combiners=combiners)
-            return list(r.outputs), list(r.row_splits), list(r.keys), list(r.weights_out)
-        return forward
-    csr = as_csr(inputs)
-    splits, keys = [c[0] for c in csr], [c[1] for c in csr]
-    wts = [c[2] for c in csr] if weighted else []
-
-    def forward(handles):
-        outs = _lib().embed_lab_fused_resource_lookup(list(handles), splits, keys, wts, combiners=combiners)
-        return outs, splits, keys, wts
-    return forward
-
-
-def _lookup_training(variables, tables, forward, combiners, optimizer, trigger=None):
-    """The forward whose gradient updates the tables with `optimizer` (see fused_embedding_lookup):
-    "optimizer in backward", for the ops' callers and for the plugin layer (through `trigger`)."""
-    if not optimizer.built:
-        optimizer.build(tables)
-
-    # The tape watches the tables through their handles, which go in as the inputs of the custom
-    # gradient (not as variables captured inside it: in a tf.function that would read, i.e.
-    # copy, every whole table on each step). With a trigger, its value goes in first: reading
-    # that trainable variable is what the tape watches, when it watches no table.
-    _watch(variables)
-
-    @tf.custom_gradient
-    def lookup(*args):
-        handles = args[1:] if trigger is not None else args
-        outs, splits, keys, wts = forward(handles)
-
-        def grad(*dys):
-            dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
-            by_device = {}
-            for t, v in enumerate(tables):
-                by_device.setdefault(v.handle.device, []).append(t)
-            for device, ts in by_device.items():  # one op per device: it cannot span devices
-                with tf.device(device or None):
-                    optimizer.apply_lookup_gradients(
-                        [dys[t] for t in ts], [splits[t] for t in ts], [keys[t] for t in ts],
-                        [wts[t] for t in ts] if wts else None, [combiners[t] for t in ts],
-                        [tables[t] for t in ts])
-            optimizer.iterations.assign_add(1)
-            return ([tf.zeros_like(args[0])] if trigger is not None else []) + [None] * len(handles)
-
-        return outs, grad
-
-    handles = [v.handle for v in variables]
-    if trigger is not None:
-        v = _as_variable(trigger)
-        handles = [tf.convert_to_tensor(trigger if v is None else v)] + handles
-    return lookup(*handles)
 
 
 def embedding_lookup(table, ids, combiner: str = "sum", weights=None, name=None):

@@ -30,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from . import _native, tables as _tables
+from ._lookup import on_cpu
 
 __all__ = ["SGD", "Adagrad", "Adam", "Ftrl"]
 
@@ -131,12 +132,11 @@ class _SparseMixin:
         """Applies the (IndexedSlices grad, variable) pairs that come straight from an EmbedLab
         lookup's backward op through one fused backward + update op per (backward op, device);
         returns the pairs it did not take."""
-        from .ops import _on_cpu  # here, not at import: ops loads the op library when imported
 
         groups, rest = {}, []
         for g, v in pairs:
             # The fused backward + update op has a CPU kernel only.
-            src = _lookup_grad_source(g) if _on_cpu([v]) else None
+            src = _lookup_grad_source(g) if on_cpu([v]) else None
             if src is None:
                 rest.append((g, v))
                 continue

@@ -361,7 +361,7 @@ def test_gradient_is_deterministic(rng):
 
 def test_eager_call_notifies_tapes_and_watchers_of_trainable_tables_only(rng):
     # An eager lookup tells every tape and variable watcher about its trainable tables, as a
-    # read of them would, and about no other (ops._variables_accessed).
+    # read of them would, and about no other (embedlab._lookup.watch).
     from tensorflow.python.eager import record
     ids = ref.random_ids(rng, 12, 8).ragged(tf)
     a = tf.Variable(_table(rng, 8, 3))

@@ -17,7 +17,10 @@ dense, ragged or sparse ids, nested like the configs) and returns the same activ
 * combiners sum, mean and sqrtn (sqrtn as the weighted sum with weights `w / sqrt(sum w^2)`),
   weights, and `FeatureConfig.input_shape` truncation of ragged / sparse rows (`inputs`);
 * `.keras` saving (tables, the fused optimizers' state) and `export_hps(path)`, which writes the
-  tables as HPS sparse models for `embedlab.hps`.
+  tables as HPS sparse models for `embedlab.hps`;
+* `sharding="row"`: every table split row-wise over the workers of `embedlab.sok` (row i on rank
+  i % n) under `MultiWorkerMirroredStrategy`, looked up by `sok.lookup_sparse` and trained by its
+  fused optimizer on the shard's gradient: the same losses and tables on 1 and 2 workers.
 
 `EmbedReduce` is Keras-RS's single-table layer on the same kernel.
 

@@ -62,7 +62,7 @@ def feature_input(ids, weights, combiner: str, max_len=None, where: str = "embed
 
     Example:
         >>> x, c, lead = feature_input(tf.constant([[1, 2]]), None, "sqrtn")
-        >>> c, x.weights.numpy().round(4).tolist()
+        >>> c, [round(float(w), 4) for w in x.weights.numpy()]
         ('sum', [0.7071, 0.7071])
     """
     if combiner not in COMBINERS:

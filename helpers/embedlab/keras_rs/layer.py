@@ -12,7 +12,7 @@ from keras_rs.src.layers.embedding.embed_reduce import EmbedReduce as _KerasRsEm
 from keras_rs.src.layers.embedding.tensorflow.distributed_embedding import \
     DistributedEmbedding as _KerasRsDistributedEmbedding
 
-from .. import _native, ops
+from .. import _lookup, ops
 from .. import optimizers as _el_optimizers  # noqa: F401  (registers them for loading saved models)
 from ..sparse_input import SparseInput
 from .inputs import COMBINERS, feature_input
@@ -97,6 +97,23 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
             A table whose optimizer is None, or every table with False, is a trainable variable
             that the model's optimizer trains from an `IndexedSlices` gradient (Keras-RS's
             `default_device` behaviour).
+        sharding: None (default: every table whole in this process) or "row": each table
+            split row-wise over the workers of `embedlab.sok` (SOK's "distributed" mode: row i
+            on rank i % n, a `sok.Variable` shard per worker; `sok.init()` is called), looked up
+            by `sok.lookup_sparse` (keys all-to-all to their owners, rows back) and trained by
+            each table's fused optimizer on the shard's gradient, which holds every worker's
+            contributions (nothing is all-reduced). Row-wise rather than table-wise: the work
+            and memory of a worker do not depend on how the tables' sizes fall. Every table
+            needs an optimizer (a table trained by the model's optimizer would be all-reduced as
+            a whole). Each worker computes the full initial table from the initializer and keeps
+            its rows (seed the initializer to start every worker from the same table). Under
+            `tf.distribute.MultiWorkerMirroredStrategy`, build the layer (`layer.build(shapes)`,
+            which makes the shards) before the first step, and call the model inside
+            `strategy.run` with this worker's part of the global batch (every worker calls it:
+            the lookup is a collective); 1 and 2 workers give the same losses
+            and tables (to float32 summation order). Saving: `embedlab.sok.dump(path,
+            list(layer.shards.values()))`, or `export_hps(path)` (gathers); `.keras` saving is
+            refused.
         **kwargs: Keras layer arguments (name, dtype, ...).
 
     Call: `layer(inputs, weights=None, training=False)` with `inputs` (and `weights`) shaped like
@@ -113,8 +130,11 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
     """
 
     def __init__(self, feature_configs, *, table_stacking="auto", update_stats=False,
-                 optimizer_in_backward=True, **kwargs):
+                 optimizer_in_backward=True, sharding=None, **kwargs):
+        if sharding not in (None, "row"):
+            raise ValueError(f"DistributedEmbedding: sharding must be None or 'row', got {sharding!r}")
         self._optimizer_in_backward = bool(optimizer_in_backward)
+        self._sharding = sharding
         super().__init__(_convert_tpu_configs(feature_configs), table_stacking=table_stacking,
                          update_stats=update_stats, **kwargs)
         self._allow_non_tensor_positional_args = True
@@ -162,6 +182,21 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
             self._table_optimizer.append(by_key[key])
         self._optimizers = opts
 
+        if self._sharding is not None:
+            missing = [t.name for t, o in zip(tables, self._table_optimizer) if o is None]
+            if missing:
+                raise ValueError(f"{where}: sharding={self._sharding!r} needs a fused optimizer on every table "
+                                 f"(TableConfig.optimizer set, optimizer_in_backward=True); tables {missing} have none")
+            from .. import sok as _sok   # here: only a sharded layer starts embedlab.sok
+            _sok.init()
+            self._table_layers = []
+            self._default_device_embedding_layers = {}
+            self._shards = None   # made in build: one sok.Variable per table
+            self._shard_optimizers = [_sok.OptimizerWrapper(opt) for opt in opts]
+            self.bp_trigger = self.add_weight(name="bp_trigger", shape=(), initializer="zeros", trainable=True,
+                                              dtype="float32")
+            return
+
         layers = []
         for t, o in zip(tables, self._table_optimizer):
             layers.append(EmbedReduce(name=t.name, input_dim=t.vocabulary_size, output_dim=t.embedding_dim,
@@ -187,12 +222,69 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
                     raise ValueError(f"{where}: table_stacking names table {name!r}, which is not one of {names}")
 
     def _default_device_build(self, input_shapes):
+        if self._sharding is not None:
+            self._build_shards()
+            return
         for layer in self._table_layers:
             if not layer.built:
                 layer.build((None,))
         for g, opt in enumerate(self._optimizers):
             if not opt.built:
                 opt.build([self._table_layers[t].embeddings for t, o in enumerate(self._table_optimizer) if o == g])
+
+    def _build_shards(self):
+        if self._shards is not None:
+            return
+        from .. import sok as _sok
+
+        shards = []
+        for t in self._table_configs:
+            init = keras.initializers.get(t.initializer)
+            full = np.asarray(keras.ops.convert_to_numpy(init((t.vocabulary_size, t.embedding_dim), dtype="float32")))
+            shards.append(_sok.Variable(full, mode="distributed", name=f"{self.name}/{t.name}", trainable=False))
+        for g, wrapper in enumerate(self._shard_optimizers):
+            wrapper.build([shards[t] for t, o in enumerate(self._table_optimizer) if o == g])
+        # A tuple inside a list: Keras does not track the shards as the layer's own weights.
+        self._shards = [tuple(shards)]
+
+    @property
+    def shards(self) -> dict:
+        """Table name -> this worker's `embedlab.sok.Variable` shard (sharding="row" only)."""
+        if self._sharding is None:
+            raise ValueError(f"DistributedEmbedding {self.name!r}: shards exist with sharding='row' only")
+        if self._shards is None:
+            raise ValueError(f"DistributedEmbedding {self.name!r}: the layer is not built yet")
+        return {t.name: v for t, v in zip(self._table_configs, self._shards[0])}
+
+    def _sharded_lookup(self, ids, combiners):
+        """sok.lookup_sparse of the shards, whose backward applies each table's optimizer to its
+        shard's gradient (every worker's contributions summed by the all-to-all's gradient)."""
+        from .. import sok as _sok
+
+        shards = list(self._shards[0])
+        groups = {}
+        for t, g in enumerate(self._table_optimizer):
+            groups.setdefault(g, []).append(t)
+        wrappers = self._shard_optimizers
+
+        @tf.custom_gradient
+        def lookup(trigger):
+            with tf.GradientTape(watch_accessed_variables=False) as inner:
+                for v in shards:
+                    inner.watch(v)
+                outs = _sok.lookup_sparse(shards, ids, combiners=combiners)
+
+            def grad(*dys, variables=None):
+                dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
+                grads = inner.gradient(outs, shards, output_gradients=dys)
+                for g, ts in groups.items():
+                    wrappers[g].apply_gradients([(grads[t], shards[t]) for t in ts])
+                z = tf.zeros_like(trigger)
+                return (z, [None] * len(variables)) if variables else z
+
+            return outs, grad
+
+        return lookup(self.bp_trigger.value)
 
     # ---- the lookup -----------------------------------------------------------------------
 
@@ -224,11 +316,18 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
                 continue
             ids.append(_concat([(si, c) for _, si, _, c in feats], mixed[t], weighted))
             rows.append([si.batch_size for _, si, _, _ in feats])
-        variables = [ops._as_variable(layer.embeddings) for layer in self._table_layers]
-        if self._optimizers:
-            outs = self._lookup_fused(variables, ids, kernel_comb)
+        if self._sharding is not None:
+            outs = self._sharded_lookup(ids, kernel_comb)
+        elif self._optimizers:
+            tables = [layer.embeddings for layer in self._table_layers]
+            # One fused lookup whose backward applies each table's fused optimizer (tables with
+            # one) or returns the IndexedSlices gradient (tables the model's optimizer trains).
+            outs = _lookup.training_lookup(
+                tables, ids, None, kernel_comb,
+                [None if g is None else self._optimizers[g] for g in self._table_optimizer],
+                self.bp_trigger, where)
         else:
-            outs = ops.fused_embedding_lookup(variables, ids, kernel_comb)
+            outs = ops.fused_embedding_lookup([layer.embeddings for layer in self._table_layers], ids, kernel_comb)
         result = {}
         for t, feats in enumerate(per_table):
             dim = self._table_configs[t].embedding_dim
@@ -237,59 +336,21 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
                 result[path] = _reshape(out, lead, dim)
         return result
 
-    def _lookup_fused(self, variables, ids, combiners):
-        """One fused lookup whose backward applies each table's fused optimizer (tables with
-        one) or returns the `IndexedSlices` gradient (tables the model's optimizer trains)."""
-        forward = ops._resource_forward(variables, ids, None, combiners, f"DistributedEmbedding {self.name!r}")
-        groups = {}
-        for t, g in enumerate(self._table_optimizer):
-            groups.setdefault(g, []).append(t)
-        optimizers, tables = self._optimizers, [layer.embeddings for layer in self._table_layers]
-        ops._watch(variables)    # the model-trained (trainable) tables; the others are not watched
-
-        @tf.custom_gradient
-        def lookup(trigger, *handles):
-            outs, splits, keys, wts = forward(handles)
-
-            def grad(*dys):
-                dys = [tf.zeros_like(o) if d is None else d for o, d in zip(outs, dys)]
-                table_grads = [None] * len(handles)
-                for g, ts in groups.items():
-                    sel = (lambda xs: [xs[t] for t in ts])
-                    if g is None:
-                        res = _native.tf_ops().embed_lab_fused_lookup_grad(
-                            sel(dys), sel(splits), sel(keys), sel(wts) if wts else [],
-                            combiners=sel(combiners))
-                        for i, t in enumerate(ts):
-                            table_grads[t] = tf.IndexedSlices(res.rows[i], res.unique_keys[i],
-                                                              tf.constant(variables[t].shape.as_list(), tf.int64))
-                        continue
-                    opt = optimizers[g]
-                    by_device = {}
-                    for t in ts:
-                        by_device.setdefault(variables[t].handle.device, []).append(t)
-                    for device, dts in by_device.items():
-                        with tf.device(device or None):
-                            opt.apply_lookup_gradients(
-                                [dys[t] for t in dts], [splits[t] for t in dts], [keys[t] for t in dts],
-                                [wts[t] for t in dts] if wts else None, [combiners[t] for t in dts],
-                                [tables[t] for t in dts])
-                    opt.iterations.assign_add(1)
-                return [tf.zeros_like(trigger)] + table_grads
-
-            return outs, grad
-
-        return lookup(self.bp_trigger.value, *[v.handle for v in variables])
-
     # ---- tables ---------------------------------------------------------------------------
 
     def _default_device_get_embedding_tables(self):
+        if self._sharding is not None:
+            # Every worker gathers every table (a collective: call it on all workers).
+            from ..sok import gather
+            return {name: gather(v)[1] for name, v in self.shards.items()}
         return {t.name: layer.embeddings.value for t, layer in zip(self._table_configs, self._table_layers)}
 
     @property
     def table_optimizers(self) -> dict:
-        """Table name -> the `embedlab.optimizers` instance that trains it (None: the model's)."""
-        return {t.name: None if g is None else self._optimizers[g]
+        """Table name -> the `embedlab.optimizers` instance that trains it (None: the model's;
+        with sharding, the instance inside the `sok.OptimizerWrapper` that holds the shards' state)."""
+        opts = self._optimizers if self._sharding is None else [w.optimizer for w in self._shard_optimizers]
+        return {t.name: None if g is None else opts[g]
                 for t, g in zip(self._table_configs, self._table_optimizer)}
 
     def export_hps(self, path) -> dict:
@@ -326,11 +387,15 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
         # SavedModel) must find it here. It is not a weight of the layer.
         vs = super().variables
         seen = {id(v) for v in vs}
-        for opt in self._optimizers:
+        for opt in (self._optimizers if self._sharding is None else []):
             vs = vs + [v for v in opt.variables if id(v) not in seen]
         return vs
 
     def save_own_variables(self, store):
+        if self._sharding is not None:
+            raise ValueError(f"DistributedEmbedding {self.name!r}: a row-sharded layer is not saved in .keras files "
+                             "(each worker holds other rows); save it with embedlab.sok.dump(path, "
+                             "list(layer.shards.values())) or export_hps(path)")
         # The tables are saved by their sub-layers; here the trigger and the fused optimizers'
         # state (counters and slots, in each optimizer's variable order).
         if self._optimizers:
@@ -359,6 +424,7 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
     def get_config(self):
         config = super().get_config()
         config["optimizer_in_backward"] = self._optimizer_in_backward
+        config["sharding"] = self._sharding
         return config
 
 

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
+from .. import _lookup, ops, optimizers  # noqa: F401  (optimizers: registers them with Keras for loading saved models)
 from .. import tables as _tables
 from .._hashing import splitmix64
 from ..sparse_input import SparseInput
@@ -388,12 +388,12 @@ class EmbeddingLayer(keras.layers.Layer):
 
     def _lookup_own_optimizer(self, x):
         if self.num_devices == 1:
-            # One table: the backward and the update in one op (the ops' optimizer in backward),
+            # One table: the backward and the update in one op (the shared optimizer-in-backward lookup),
             # the same bits as the gradient + apply_sparse path below; the trigger's gradient
             # runs it, since the tape does not watch the non-trainable table.
-            return ops.fused_embedding_lookup([self._tables[0]], [x], [self.combiner], optimizer=self.optimizer,
-                                              backward_trigger=self.bp_trigger)[0]
-        tables = [t.value if isinstance(t, keras.Variable) else t for t in self._tables]
+            return _lookup.training_lookup([self._tables[0]], [x], None, [self.combiner], [self.optimizer],
+                                           self.bp_trigger, self._where("inputs"))[0]
+        tables = [_lookup.as_variable(t) for t in self._tables]
         layer = self
 
         @tf.custom_gradient
@@ -531,6 +531,7 @@ class EmbeddingLayer(keras.layers.Layer):
 
     @classmethod
     def from_config(cls, config):
+        """The layer from `get_config()`'s dict (the optimizer deserialized)."""
         config = dict(config)
         opt = config.pop("optimizer", None)
         if isinstance(opt, dict):
@@ -539,6 +540,7 @@ class EmbeddingLayer(keras.layers.Layer):
 
     @property
     def variables(self):
+        """The layer's variables and its own optimizer's (which are not weights)."""
         # The layer's own optimizer is part of its state: its variables (iteration counter,
         # slots) are captured by the backward that applies it, so whatever collects a model's
         # state through `variables` (`model.export`'s SavedModel) must find them here. They are

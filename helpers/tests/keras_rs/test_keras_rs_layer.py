@@ -263,3 +263,46 @@ def test_tpu_configs_and_schedules_are_accepted(rng):
     np.testing.assert_allclose(out["y"].numpy()[0], 2 * table[3], rtol=1e-6)
     with pytest.raises(ValueError, match="table_stacking"):
         DistributedEmbedding(fc, table_stacking=[["nope"]])
+
+
+def test_row_sharding_on_one_worker_is_the_unsharded_layer(rng, tmp_path):
+    # In one process (no TF_CONFIG) embedlab.sok has one worker: the shards are the whole tables,
+    # and a training step gives the unsharded layer's outputs and tables. The 2-worker run is
+    # test_keras_rs_multiworker.py.
+    init = rng.normal(size=(V, 4)).astype(np.float32)
+
+    def make(sharding):
+        t = TC("t", V, 4, initializer=keras.initializers.Constant(init), optimizer="adagrad", combiner="mean")
+        return DistributedEmbedding({"a": FC("a", t, (B, None), (B, 4)), "b": FC("b", t, (B, None), (B, 4))},
+                                    sharding=sharding)
+
+    inputs = {"a": _ragged(rng), "b": _ragged(rng)}
+    dy = rng.normal(size=(B, 4)).astype(np.float32)
+    res = {}
+    for sharding in (None, "row"):
+        layer = make(sharding)
+        layer.build({"a": (B, None), "b": (B, None)})
+        with tf.GradientTape() as tape:
+            out = layer(inputs)
+            loss = tf.reduce_sum((out["a"] + 2 * out["b"]) * dy)
+        tape.gradient(loss, layer.trainable_variables)
+        res[sharding] = (out, {k: np.asarray(v) for k, v in layer.get_embedding_tables().items()}, layer)
+    for k in ("a", "b"):
+        np.testing.assert_array_equal(res["row"][0][k].numpy(), res[None][0][k].numpy())
+    np.testing.assert_array_equal(res["row"][1]["t"], res[None][1]["t"])
+    assert np.abs(res["row"][1]["t"] - init).max() > 1e-4
+    sharded = res["row"][2]
+    assert list(sharded.shards) == ["t"] and sharded.shards["t"].shape.as_list() == [V, 4]
+    assert sharded.get_config()["sharding"] == "row"
+    with pytest.raises(ValueError, match="row-sharded layer is not saved in .keras"):
+        sharded.save_own_variables({})
+    with pytest.raises(ValueError, match="shards exist with sharding='row' only"):
+        res[None][2].shards
+
+
+def test_row_sharding_arguments_are_checked():
+    t = TC("t", V, 4, optimizer=None)
+    with pytest.raises(ValueError, match="sharding must be None or 'row', got 'column'"):
+        DistributedEmbedding({"a": FC("a", t, (B, 1), (B, 4))}, sharding="column")
+    with pytest.raises(ValueError, match=r"needs a fused optimizer on every table .*tables \['t'\] have none"):
+        DistributedEmbedding({"a": FC("a", t, (B, 1), (B, 4))}, sharding="row")
