@@ -391,9 +391,9 @@ def outage_report(outage: StreamRun, same_stack: StreamRun, rocks_alone: StreamR
         lines.append(f"Redis back, empty: no row the cache missed was written into Redis during this phase's {b - a} "
                      f"lookups; RocksDB answered {back['persistent_keys']:.0f} keys of the median lookup.{reseed}")
     else:
-        lines.append(f"Redis back, empty: the rows the cache misses are written into Redis ({written[0]} rows at the "
-                     f"phase's first lookup, {written[-1]} at its last"
-                     + (", fewer as Redis fills up with the hot rows" if written[-1] < written[0] else "") + f").{reseed}")
+        lines.append(f"Redis back, empty: {sum(written):,} rows the cache missed were written into Redis over this "
+                     f"phase's {b - a} lookups ({written[0]} at its first lookup, {written[-1]} at its last"
+                     + (", fewer as Redis fills up" if written[-1] < written[0] else "") + f").{reseed}")
     half = (b - a) // 2
     if half:
         first, last = tier_split(outage, a, a + half), tier_split(outage, a + half, b)
@@ -480,4 +480,92 @@ def stacks_report(stacks: list, table_mib: float) -> list:
         at = ", ".join(map(str, sl["batches"][:8])) + (", ..." if sl["slow"] > 8 else "")
         lines.append(f"{r.name}: {sl['slow']} of {len(r.latency_ms)} lookups took more than twice the median "
                      f"({sl['median_ms']:.2f} ms), at batches {at}; {where}.")
+    return lines
+
+
+_POINT_KEYS = ("p50_ms", "p99_ms", "rows_per_s", "requests_per_s")
+
+
+def sweep_rounds(run_sweep, rounds: int = 3) -> list:
+    """Runs a load sweep `rounds` times (every point once per round, so a slow spell of the machine
+    falls on all points alike) and merges the rounds per (batch, concurrency) point.
+
+    Args:
+        run_sweep: callable() -> list of point dicts (`embedlab.serving.sweep`'s: "batch",
+            "concurrency", "requests", "p50_ms", "p99_ms", "rows_per_s", "requests_per_s").
+        rounds: how many times.
+
+    Returns:
+        one dict per point: the medians over rounds of p50_ms, p99_ms, rows_per_s and
+        requests_per_s, each round's value under "<key>_rounds", and "requests" summed.
+
+    Example:
+        >>> pts = iter([[{"batch": 1, "concurrency": 1, "requests": 5, "p50_ms": v, "p99_ms": v,
+        ...               "rows_per_s": 1e3 / v, "requests_per_s": 1e3 / v}] for v in (1.0, 3.0, 2.0)])
+        >>> sweep_rounds(lambda: next(pts), rounds=3)[0]["p50_ms"]
+        2.0
+    """
+    if rounds < 1:
+        raise ValueError(f"sweep_rounds: rounds must be >= 1, got {rounds}")
+    merged = {}
+    for _ in range(rounds):
+        for p in run_sweep():
+            m = merged.setdefault((p["batch"], p["concurrency"]), {"batch": p["batch"], "concurrency": p["concurrency"],
+                                                                  "requests": 0, **{k + "_rounds": [] for k in _POINT_KEYS}})
+            m["requests"] += p["requests"]
+            for k in _POINT_KEYS:
+                m[k + "_rounds"].append(float(p[k]))
+    for m in merged.values():
+        for k in _POINT_KEYS:
+            m[k] = float(np.median(m[k + "_rounds"]))
+    return list(merged.values())
+
+
+def serving_report(points: list, cores: int) -> list:
+    """Notebook 06's reading of `sweep_rounds`' points, as sentences chosen from the numbers and their
+    spread over the rounds: batching (the smallest against the largest batch, one client),
+    concurrency (1 against 4 clients at both batch sizes), and the widest tail.
+
+    Args:
+        points: `sweep_rounds`' result, with concurrencies 1 and 4. cores: the machine's CPU count.
+
+    Returns:
+        a list of lines.
+    """
+    from .verdicts import compare, compare_rates
+    by = {(p["batch"], p["concurrency"]): p for p in points}
+    batches = sorted({p["batch"] for p in points})
+    lo, hi = batches[0], batches[-1]
+    if (lo, 1) not in by or (hi, 1) not in by or (lo, 4) not in by or (hi, 4) not in by:
+        raise ValueError(f"serving_report: points need concurrencies 1 and 4 at batches {lo} and {hi}")
+    a1, b1, a4, b4 = by[(lo, 1)], by[(hi, 1)], by[(lo, 4)], by[(hi, 4)]
+    lines = []
+    kind, sentence = compare(f"a request of {hi:,} samples", b1["p50_ms_rounds"], f"a request of {lo}", a1["p50_ms_rounds"])
+    lines.append(f"Batching, one client, p50 per round: {sentence}.")
+    lines.append(f"Samples per second: {b1['rows_per_s'] / a1['rows_per_s']:,.0f}x for {hi // lo:,}x the samples per "
+                 "request (medians over the rounds).")
+    if kind == "slower":
+        per_sample = (b1["p50_ms"] - a1["p50_ms"]) / (hi - lo)
+        fixed = a1["p50_ms"] - per_sample * lo
+        lines.append(f"A straight line through those two points costs a request {fixed:.2f} ms plus "
+                     f"{1e3 * per_sample:.1f} us per sample: the fixed part (HTTP, the ensemble's two python-backend "
+                     f"hops) is {fixed / a1['p50_ms']:.0%} of a {lo}-sample request and {fixed / b1['p50_ms']:.0%} of a "
+                     f"{hi:,}-sample one.")
+    else:
+        lines.append(f"Within that noise, a request's time does not grow with its samples up to {hi:,}: it is the "
+                     "fixed cost of a request (HTTP, the ensemble's two python-backend hops) that a batch shares.")
+    for b, one, four in ((lo, a1, a4), (hi, b1, b4)):
+        kind, sentence = compare_rates("4 clients", four["rows_per_s_rounds"], "one client", one["rows_per_s_rounds"],
+                                       " samples/s")
+        why = {"higher": "requests overlap: one is in HTTP or a stub while another computes",
+               "noise": "no gain or loss that this run can tell from its noise",
+               "lower": f"the {cores} cores, shared by the server, its two stubs and the clients, are busy, and "
+                        "4 clients add switching between them"}[kind]
+        lines.append(f"Concurrency at batch {b:,}: {sentence} ({why}); the p50 goes from {one['p50_ms']:.2f} to "
+                     f"{four['p50_ms']:.2f} ms.")
+    worst = max(points, key=lambda p: p["p99_ms"] / p["p50_ms"])
+    lines.append(f"Tail: the widest p99/p50 gap is at batch {worst['batch']:,} with {worst['concurrency']} client(s): "
+                 f"1 request in 100 took {worst['p99_ms']:.2f} ms or more, {worst['p99_ms'] / worst['p50_ms']:.1f}x "
+                 f"the median, on {cores} cores that the server, its stubs, the client threads and any other process "
+                 "share.")
     return lines

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 SLOTS, DENSE = 26, 13
-PROBE_FLOATS = 1 << 18      # the large link probe: 1 MiB per peer
+PROBE_FLOATS = 1 << 20      # the large link probe: 4 MiB per peer
 
 
 def load_criteo(path, max_rows=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["spread", "compare"]
+__all__ = ["spread", "compare", "compare_rates"]
 
 
 def spread(samples_ms) -> dict:
@@ -57,3 +57,27 @@ def compare(name_a: str, a_ms, name_b: str, b_ms) -> tuple[str, str]:
         return "noise", (f"{name_a} ({_fmt(a)}) and {name_b} ({_fmt(b)}) are within this machine's noise: "
                          "their interquartile ranges overlap")
     return kind, f"{name_a} is {word} {name_b}: {_fmt(a)} against {_fmt(b)}; the ranges do not overlap"
+
+
+def compare_rates(name_a: str, a, name_b: str, b, unit: str = "/s") -> tuple[str, str]:
+    """Like `compare`, for rates (higher is better): "higher", "lower" or "noise".
+
+    Args:
+        name_a, name_b: what was measured. a, b: repeated rates of each. unit: printed after values.
+
+    Returns:
+        (kind, sentence).
+
+    Example:
+        >>> compare_rates("x", [10, 11, 12], "y", [1, 1.1, 1.2])[0]
+        'higher'
+    """
+    sa, sb = spread(a), spread(b)
+    def fmt(s):
+        return f"{s['median']:,.0f}{unit} (interquartile {s['q25']:,.0f}-{s['q75']:,.0f}, {s['n']} runs)"
+    if sa["q25"] > sb["q75"]:
+        return "higher", f"{name_a}: {sa['median'] / sb['median']:.1f}x the rate of {name_b}, {fmt(sa)} against {fmt(sb)}"
+    if sa["q75"] < sb["q25"]:
+        return "lower", f"{name_a}: {sa['median'] / sb['median']:.2f}x the rate of {name_b}, {fmt(sa)} against {fmt(sb)}"
+    return "noise", (f"{name_a} ({fmt(sa)}) and {name_b} ({fmt(sb)}) are within this machine's noise: their "
+                     "interquartile ranges overlap")

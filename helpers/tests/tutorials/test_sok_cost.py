@@ -80,3 +80,36 @@ def test_memory_probe_on_two_workers_holds_half_the_table_each(tmp_path):
     ranks = json.loads(out.read_text())["ranks"]
     assert [r["shard_bytes"] for r in ranks] == cost.shard_bytes(20001, 8, 2) == [10001 * 8 * 4 * 2, 10000 * 8 * 4 * 2]
     assert all(r["peak_rss_mib"] >= r["rss_before_mib"] > 0 for r in ranks)
+
+
+def _runs(rng, step2, exchange):
+    one = {"step_samples_ms": list(rng.normal(10, 0.2, 20))}
+    S = {"probe small": [2.0] * 15, "probe big": [2.0 + 4 * 2 ** 18 / 1e6 * 5] * 15, "exchange": list(exchange)}
+    parts = {"lookup": 2.0, "dense": 2.0, "embedding update": 1.0, "exchange": float(np.median(exchange))}
+    two = {"step_samples_ms": list(step2), "breakdown_samples_ms": S, "breakdown_ms": parts,
+           "probe_bytes": {"small": 4, "big": 4 * 2 ** 18}}
+    return one, two
+
+
+def test_step_model_reads_the_residual_against_the_noise(rng):
+    keys = rng.integers(0, 10_000, size=(512, 26))
+    links = {"fitted": None, "fast": (0.02, 1 / 450)}
+    one, two = _runs(rng, rng.normal(30, 0.3, 20), rng.normal(17, 0.2, 15))
+    fit = cost.step_model(one, two, keys, links)
+    assert fit["link"]["alpha_ms"] == 2.0 and fit["link"]["ms_per_mb"] == pytest.approx(5.0, rel=1e-4)
+    text = "\n".join(fit["lines"])
+    # model: 5 compute + 10 x 2 ms + bytes x 5 ms/MB; measured 30 with a 0.2 ms spread
+    assert "The measured step is above the model by more than its noise" in text and "compute:" in text
+    assert "fast: the model's step beats one worker's from 2 workers on" in text
+    assert "fitted: no step up to 8 workers beats one worker's" in text
+    p2 = fit["model2"]["step_ms"]
+    one, two = _runs(rng, rng.normal(p2, 5.0, 20), rng.normal(17, 0.2, 15))
+    text = "\n".join(cost.step_model(one, two, keys, links)["lines"])
+    assert "within the measured step's noise" in text and "compute:" not in text
+
+
+def test_link_fit_bounds_an_unresolved_bandwidth():
+    link = cost.fit_link([5.0, 10.0, 15.0], [6.0, 11.0, 14.0], big_bytes=4_000_004)
+    assert not link["resolved"]
+    assert link["ms_per_mb"] == pytest.approx((12.5 - 7.5) / 4.0)        # q75(big) - q25(small), per MB
+    assert cost.fit_link([1.0, 1.1, 1.2], [9.0, 9.1, 9.2], big_bytes=4_000_004)["resolved"]
