@@ -18,6 +18,12 @@ drawn from the other rows (their rows come from the hash map, and are inserted i
 asynchronously, so the measured hit rate, printed, is about 95 %).
 
 Columns (wall time per model lookup, median of --reps after warm-up, 3 key sets in rotation):
+  * many: ``ps.lookup_many(model, [keys_on_gpu per table])``, the whole model's lookup as one
+    request (one host synchronization for all tables), rows returned on the GPU;
+  * bare many: ``CudaCacheLookup.lookup`` on the server's own caches, every table's keys in one
+    array (each table's kernel and miss compaction on one stream, one synchronization; no miss
+    handling): the floor of ``many``;
+  * many host io: ``lookup_many`` with host keys and host rows (one copy each way);
   * server: ``ps.lookup(model, t, keys_on_gpu)`` for each table, rows returned on the GPU;
   * bare: ``CudaEmbeddingCache.lookup(keys, out, missing=...)`` on the server's own caches (the
     kernel, the miss compaction and its one synchronization; no miss handling): the floor of
@@ -73,11 +79,14 @@ def main():
     ap.add_argument("--hits", type=float, nargs="+", default=[1.0, 0.95])
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--skip-cpu-above", type=int, default=131072, help="no CPU-tier column above this batch")
+    ap.add_argument("--skip-per-table-host-above", type=int, default=131072,
+                    help="no per-table host-keys column above this batch")
     ap.add_argument("--profile", type=int, nargs="*", default=[],
                     help="batches whose server loop is also run under cProfile (printed, top 25 by own time)")
     args = ap.parse_args()
 
     import torch
+    from embedlab._native import core
     from embedlab.hps import ParameterServer
     from embedlab.sparse_model import write_sparse_model
 
@@ -86,6 +95,16 @@ def main():
     results = []
     tmp = tempfile.mkdtemp(prefix="hps_server_gpu_")
     sync = torch.cuda.synchronize
+    out = out_path("hps_server_gpu", info)
+
+    def write():        # after each dim, so that a run cut short keeps what it measured
+        out.write_text(json.dumps({"benchmark": "hps_server_gpu", "utc": datetime.datetime.now(datetime.timezone.utc)
+                                   .isoformat(timespec="seconds"), "args": vars(args), "machine": info,
+                                   "hugectr_note": "HugeCTR v23.12.00 hps_dlrm_benchmark.md, TF with HPS, "
+                                                   "A100-SXM4-80GB, Triton, server-side compute, DLRM incl. MLP",
+                                   "results": results}, indent=1))
+        print(f"wrote {out}", flush=True)
+
     for dim in args.dims:
         keys = rng.permutation(np.unique(rng.integers(0, 2**62, int(args.rows * 1.05), dtype=np.int64)))[:args.rows]
         vecs = rng.standard_normal((keys.size, dim)).astype(np.float32)
@@ -110,25 +129,35 @@ def main():
                 cpu.lookup("m", t, hot[s:s + 65536])
         ps.wait_background()
         caches = ps._gpu_caches[("dynamic", 0)]
+        look = core().CudaCacheLookup(0)
+        cache_list = [caches._tables[f"hps_et.m.t{t}"] for t in range(args.tables)]
         # The hot keys the cache holds (every table has the same keys and the same cache geometry,
         # so the same ones): "100 % hits" batches draw only from them.
         lost = caches.find("hps_et.m.t0", hot, np.empty((hot.size, dim), np.float32))
         hot = np.delete(hot, lost)
         for hit in args.hits:
             for b in args.batches:
-                sets = []
-                for _ in range(3):
-                    per_table = []
-                    for t in range(args.tables):
-                        q = hot[rng.integers(0, hot.size, b)]
-                        nm = int(round((1 - hit) * b))
-                        if nm:
-                            q[rng.choice(b, nm, replace=False)] = cold[rng.integers(0, cold.size, nm)]
-                        per_table.append(q)
-                    sets.append(per_table)
+                def make_sets():
+                    """3 key sets (one array per table each); each timed path gets its own, so that
+                    misses one path inserted into the cache are not hits of the next."""
+                    out = []
+                    for _ in range(3):
+                        per_table = []
+                        for t in range(args.tables):
+                            q = hot[rng.integers(0, hot.size, b)]
+                            nm = int(round((1 - hit) * b))
+                            if nm:
+                                q[rng.choice(b, nm, replace=False)] = cold[rng.integers(0, cold.size, nm)]
+                            per_table.append(q)
+                        out.append(per_table)
+                    return out
+
+                sets, msets, mhsets = make_sets(), make_sets(), make_sets()
                 dsets = [[torch.from_numpy(q).cuda() for q in s] for s in sets]
+                mdsets = [[torch.from_numpy(q).cuda() for q in s] for s in msets]
                 outs = [torch.empty((b, dim), dtype=torch.float32, device="cuda") for _ in range(args.tables)]
                 miss = torch.empty(b, dtype=torch.int64, device="cuda")
+                miss_all = torch.empty(b * args.tables, dtype=torch.int64, device="cuda")
                 stream = torch.cuda.current_stream().cuda_stream
                 reps = args.reps if b <= 16384 else max(5, args.reps // 2)
                 # Correctness first: the server's rows are the table's rows.
@@ -136,6 +165,33 @@ def main():
                 idx = {int(k): i for i, k in enumerate(keys)} if b <= 4096 else None
                 if idx is not None:
                     assert np.array_equal(got, vecs[[idx[int(k)] for k in sets[0][0]]]), "wrong rows"
+                # lookup_many first, on key sets of its own: the rows are the per-table lookup's.
+                got_many = ps.lookup_many("m", dsets[0], device=0)
+                assert all(torch.equal(got_many[t], ps.lookup("m", t, dsets[0][t], device=0))
+                           for t in range(args.tables)), "lookup_many differs from lookup"
+                ps.wait_background()
+                m_before = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]
+
+                def many(i):
+                    ps.lookup_many("m", mdsets[i % 3], device=0)
+                t_many = median_ms(many, reps, sync)
+                m_after = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]
+                mh, mm = m_after["hits"] - m_before["hits"], m_after["misses"] - m_before["misses"]
+                many_hit_rate = mh / max(1, mh + mm)
+                ps.wait_background()
+
+                flat_keys = [torch.cat(s) for s in mdsets]
+                flat_out = torch.empty(args.tables * b * dim, dtype=torch.float32, device="cuda")
+                sizes, offs = [b] * args.tables, [t * b * dim for t in range(args.tables)]
+
+                def bare_many(i):
+                    look.lookup(cache_list, flat_keys[i % 3], sizes, flat_out, offs, miss_all, stream)
+                t_bare_many = median_ms(bare_many, reps, sync)
+
+                def many_host(i):
+                    ps.lookup_many("m", mhsets[i % 3])
+                t_many_host = median_ms(many_host, reps, sync)
+                ps.wait_background()
                 before = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]
 
                 def server(i):
@@ -170,7 +226,7 @@ def main():
                     s = sets[i % 3]
                     for t in range(args.tables):
                         ps.lookup("m", t, s[t])
-                t_host = median_ms(host_io, reps, sync)
+                t_host = median_ms(host_io, reps, sync) if b <= args.skip_per_table_host_above else None
                 ps.wait_background()
                 t_cpu = None
                 if b <= args.skip_cpu_above:
@@ -181,35 +237,39 @@ def main():
                     t_cpu = median_ms(cpu_tier, max(3, reps // 3), lambda: None, warmup=1)
                 row = {"dim": dim, "batch": b, "hit_target": hit, "hit_rate": hit_rate, "tables": args.tables,
                        "server_ms": t_server, "bare_ms": t_bare, "host_io_ms": t_host, "cpu_tier_ms": t_cpu,
+                       "many_hit_rate": many_hit_rate, "many_ms": t_many, "bare_many_ms": t_bare_many, "many_host_io_ms": t_many_host,
+                       "many_over_bare_many": t_many / t_bare_many,
+                       "many_minus_bare_many_us": 1e3 * (t_many - t_bare_many),
+                       "many_over_bare": t_many / t_bare,
+                       "many_lookups_per_s": args.tables * b / (t_many / 1e3),
                        "server_over_bare": t_server / t_bare,
                        "server_minus_bare_us_per_table": 1e3 * (t_server - t_bare) / args.tables,
                        "lookups_per_s": args.tables * b / (t_server / 1e3),
                        "hugectr_tf_hps_a100_whole_model_us": HUGECTR_TF_HPS_US.get(b)}
                 results.append(row)
                 cpu_txt = "-" if t_cpu is None else f"{t_cpu:9.3f}"
-                print(f"dim {dim:3d} batch {b:6d} hits {hit_rate * 100:5.1f} %: server {t_server:8.3f} ms  "
+                host_txt = "-" if t_host is None else f"{t_host:8.3f}"
+                print(f"dim {dim:3d} batch {b:6d} hits {many_hit_rate * 100:5.1f}/{hit_rate * 100:5.1f} %: many {t_many:8.3f} ms  "
+                      f"bare-many {t_bare_many:8.3f} ms  x{t_many / t_bare_many:4.2f}  many-host {t_many_host:8.3f} ms  "
+                      f"| server {t_server:8.3f} ms  "
                       f"bare {t_bare:8.3f} ms  x{t_server / t_bare:4.2f}  (+{row['server_minus_bare_us_per_table']:6.1f} "
-                      f"us/table)  host-io {t_host:8.3f} ms  cpu-tier {cpu_txt} ms  "
+                      f"us/table)  host-io {host_txt} ms  cpu-tier {cpu_txt} ms  "
                       f"{row['lookups_per_s'] / 1e6:8.1f} M lookups/s",
                       flush=True)
         ps.close()
         cpu.close()
-    print("\n| dim | batch | hits | server (ms) | bare kernel (ms) | server/bare | server-bare per table (us) | "
-          "host in/out (ms) | CPU tier (ms) | M lookups/s | HugeCTR TF+HPS A100, whole model (us) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        write()
+    print("\n| dim | batch | hits (many) | lookup_many (ms) | bare many (ms) | many/bare many | many-bare many (us) | "
+          "many host in/out (ms) | per-table server (ms) | 26 bare calls (ms) | many/26 bare | "
+          "per-table host in/out (ms) | CPU tier (ms) | M lookups/s (many) | HugeCTR TF+HPS A100, whole model incl. MLP (us) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         cpu_ms = "-" if r["cpu_tier_ms"] is None else f"{r['cpu_tier_ms']:.3f}"
-        print(f"| {r['dim']} | {r['batch']:,} | {100 * r['hit_rate']:.1f} % | {r['server_ms']:.3f} | {r['bare_ms']:.3f} | "
-              f"{r['server_over_bare']:.2f} | {r['server_minus_bare_us_per_table']:.1f} | {r['host_io_ms']:.3f} | "
-              f"{cpu_ms} | "
-              f"{r['lookups_per_s'] / 1e6:.1f} | {r['hugectr_tf_hps_a100_whole_model_us'] or ''} |")
-    out = out_path("hps_server_gpu", info)
-    out.write_text(json.dumps({"benchmark": "hps_server_gpu", "utc": datetime.datetime.now(datetime.timezone.utc)
-                               .isoformat(timespec="seconds"), "args": vars(args), "machine": info,
-                               "hugectr_note": "HugeCTR v23.12.00 hps_dlrm_benchmark.md, TF with HPS, A100-SXM4-80GB, "
-                                               "Triton, server-side compute, DLRM incl. MLP",
-                               "results": results}, indent=1))
-    print(f"wrote {out}")
+        host_ms = "-" if r["host_io_ms"] is None else f"{r['host_io_ms']:.3f}"
+        print(f"| {r['dim']} | {r['batch']:,} | {100 * r['many_hit_rate']:.1f} % | {r['many_ms']:.3f} | {r['bare_many_ms']:.3f} | "
+              f"{r['many_over_bare_many']:.2f} | {r['many_minus_bare_many_us']:.0f} | {r['many_host_io_ms']:.3f} | "
+              f"{r['server_ms']:.3f} | {r['bare_ms']:.3f} | {r['many_over_bare']:.2f} | {host_ms} | {cpu_ms} | "
+              f"{r['many_lookups_per_s'] / 1e6:.1f} | {r['hugectr_tf_hps_a100_whole_model_us'] or ''} |")
 
 
 if __name__ == "__main__":

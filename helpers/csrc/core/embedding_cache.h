@@ -215,6 +215,12 @@ class EmbeddingCacheCuda {
   static size_t lookup_workspace_bytes(int64_t n);
   cudaError_t lookup(const int64_t* keys, int64_t n, float* out, int64_t* missing, int64_t* m_host, void* workspace,
                      size_t workspace_bytes, cudaStream_t stream);
+  // lookup() without the synchronization: the miss count is copied to *m_pinned (page-locked
+  // host memory) on `stream`, valid once the stream has synchronized (written at once when
+  // n <= 0). Lookups of several caches enqueued on one stream may share one workspace (stream
+  // order keeps them apart) and then cost one synchronization together.
+  cudaError_t lookup_enqueue(const int64_t* keys, int64_t n, float* out, int64_t* missing, int64_t* m_pinned,
+                             void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
   // Same meaning and counts as the CPU methods (count_host: may be null = no synchronization).
   cudaError_t insert(const int64_t* keys, const float* values, int64_t n, int64_t* stored_host, cudaStream_t stream);

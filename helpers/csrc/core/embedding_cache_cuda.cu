@@ -558,6 +558,20 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
                                        void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   *m_host = 0;
   if (n <= 0) return cudaSuccess;
+  int64_t* count = reinterpret_cast<int64_t*>(counters_host_);
+  EL_TRY(lookup_enqueue(keys, n, out, missing, count, workspace, workspace_bytes, stream));
+  EL_TRY(cudaStreamSynchronize(stream));
+  *m_host = *count;
+  return cudaSuccess;
+}
+
+cudaError_t EmbeddingCacheCuda::lookup_enqueue(const int64_t* keys, int64_t n, float* out, int64_t* missing,
+                                               int64_t* m_pinned, void* workspace, size_t workspace_bytes,
+                                               cudaStream_t stream) {
+  if (n <= 0) {
+    *m_pinned = 0;
+    return cudaSuccess;
+  }
   if (workspace_bytes < lookup_workspace_bytes(n)) return cudaErrorInvalidValue;
   char* ws = static_cast<char*>(workspace);
   uint8_t* flags = reinterpret_cast<uint8_t*>(ws);
@@ -570,10 +584,9 @@ cudaError_t EmbeddingCacheCuda::lookup(const int64_t* keys, int64_t n, float* ou
   EL_TRY(dispatch_lookup(c, vec4, keys, n, out, flags, 0, epoch_, counters_, stream));
   EL_TRY(cub::DeviceSelect::Flagged(tmp, tmp_bytes, thrust::counting_iterator<int64_t>(0), flags, missing, d_count,
                                     n, stream));
-  EL_TRY(cudaMemcpyAsync(counters_host_, d_count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream));
-  EL_TRY(cudaStreamSynchronize(stream));
-  *m_host = static_cast<int64_t>(counters_host_[0]);
-  return cudaSuccess;
+  // The workspace's count is read before a later call on this stream writes it (stream order),
+  // so one workspace serves any number of lookups enqueued on one stream.
+  return cudaMemcpyAsync(m_pinned, d_count, sizeof(int64_t), cudaMemcpyDeviceToHost, stream);
 }
 
 cudaError_t EmbeddingCacheCuda::write(int mode, const int64_t* keys, const float* values, int64_t n,

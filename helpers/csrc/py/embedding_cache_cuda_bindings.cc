@@ -13,6 +13,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cuda_runtime_api.h>
 
@@ -22,6 +23,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "embedding_cache.h"
@@ -217,6 +219,8 @@ class PyCudaEmbeddingCache {
   }
 
   const EmbeddingCacheCuda& core() const { return *cache_; }
+  EmbeddingCacheCuda& core() { return *cache_; }
+  std::mutex& mutex() { return mu_; }
 
  private:
   std::unique_ptr<EmbeddingCacheCuda> cache_;
@@ -228,6 +232,132 @@ class PyCudaEmbeddingCache {
   ~PyCudaEmbeddingCache() {
     if (ws_) cudaFree(ws_);
   }
+};
+
+// The lookups of several caches of one device as one request: every cache's lookup and miss
+// compaction enqueued on one stream, their miss counts copied into one page-locked buffer, one
+// synchronization for all. The object owns the shared workspace and that buffer (both grow to
+// the largest request seen); one thread uses it at a time (a lock serializes calls).
+class PyCudaCacheLookup {
+ public:
+  explicit PyCudaCacheLookup(int device) {
+    const char* fn = "CudaCacheLookup";
+    const int n = require_gpu(fn);
+    if (device < 0 || device >= n)
+      fail(fn, "device must be in [0, " + std::to_string(n) + "), got " + std::to_string(device));
+    device_ = device;
+  }
+  ~PyCudaCacheLookup() {
+    if (ws_) cudaFree(ws_);
+    if (counts_) cudaFreeHost(counts_);
+  }
+
+  // One array each for every table's keys, rows and miss positions (three DLPack imports per
+  // request, not two per table: an import costs microseconds in the frameworks).
+  std::vector<int64_t> lookup(nb::list caches, const Arr& keys, const std::vector<int64_t>& sizes, const Arr& out,
+                              const std::vector<int64_t>& out_offsets, const Arr& missing, uintptr_t stream) {
+    const std::string fn = "CudaCacheLookup.lookup";
+    const size_t t = nb::len(caches);
+    if (sizes.size() != t || out_offsets.size() != t)
+      fail(fn, "caches, sizes and out_offsets must have one entry per table, got " + std::to_string(t) + ", " +
+                   std::to_string(sizes.size()) + " and " + std::to_string(out_offsets.size()));
+    expect<int64_t>(fn, "keys", keys, 1, true);
+    expect<float>(fn, "out", out, 1, true);
+    expect<int64_t>(fn, "missing", missing, 1, true);
+    if (keys.device_id() != device_ || out.device_id() != device_ || missing.device_id() != device_)
+      fail(fn, "keys, out and missing must be on device " + std::to_string(device_) + ", got devices " +
+                   std::to_string(keys.device_id()) + ", " + std::to_string(out.device_id()) + " and " +
+                   std::to_string(missing.device_id()));
+    std::vector<PyCudaEmbeddingCache*> cs(t);
+    int64_t total = 0, out_end = 0;
+    size_t ws_need = 0;
+    const int64_t out_len = static_cast<int64_t>(out.shape(0));
+    for (size_t i = 0; i < t; ++i) {
+      const std::string at = "[" + std::to_string(i) + "]";
+      if (!nb::try_cast(caches[i], cs[i])) fail(fn, "caches" + at + " must be a CudaEmbeddingCache");
+      if (cs[i]->core().device() != device_)
+        fail(fn, "caches" + at + " is on device " + std::to_string(cs[i]->core().device()) + ", this lookup's device is " +
+                     std::to_string(device_));
+      const int64_t n = sizes[i];
+      if (n < 0) fail(fn, "sizes" + at + " must be >= 0, got " + std::to_string(n));
+      const int64_t o = out_offsets[i];
+      if (o < out_end || o > out_len || n * cs[i]->core().dim() > out_len - o)
+        fail(fn, "out_offsets" + at + " = " + std::to_string(o) + " must be at least " + std::to_string(out_end) +
+                     " (the end of the previous table's rows) and leave room for " + std::to_string(n) + " x " +
+                     std::to_string(cs[i]->core().dim()) + " floats in out of " + std::to_string(out_len));
+      out_end = o + n * cs[i]->core().dim();
+      total += n;
+      if (n > 0) ws_need = std::max(ws_need, EmbeddingCacheCuda::lookup_workspace_bytes(n));
+    }
+    if (static_cast<int64_t>(keys.shape(0)) != total)
+      fail(fn, "keys must hold sum(sizes) = " + std::to_string(total) + " keys, got " + std::to_string(keys.shape(0)));
+    if (static_cast<int64_t>(missing.shape(0)) < total)
+      fail(fn, "missing must have room for every key of every table: at least " + std::to_string(total) +
+                   " entries, got " + std::to_string(missing.shape(0)));
+    std::vector<int64_t> counts(t, 0);
+    const cudaStream_t s = as_stream(stream);
+    cudaError_t e = cudaSuccess;
+    const char* what = "lookup";
+    {
+      nb::gil_scoped_release r;
+      std::lock_guard<std::mutex> l(mu_);
+      int cur = -1;
+      e = cudaGetDevice(&cur);
+      if (e == cudaSuccess && cur != device_) e = cudaSetDevice(device_);
+      // The previous call synchronized its stream before returning, so the buffers are free.
+      if (e == cudaSuccess && ws_need > ws_bytes_) {
+        what = "allocating the workspace";
+        if (ws_) cudaFree(ws_);
+        ws_ = nullptr;
+        ws_bytes_ = 0;
+        e = cudaMalloc(&ws_, ws_need);
+        if (e == cudaSuccess) ws_bytes_ = ws_need;
+      }
+      if (e == cudaSuccess && t > counts_cap_) {
+        what = "allocating the page-locked counts";
+        if (counts_) cudaFreeHost(counts_);
+        counts_ = nullptr;
+        counts_cap_ = 0;
+        e = cudaMallocHost(reinterpret_cast<void**>(&counts_), sizeof(int64_t) * t);
+        if (e == cudaSuccess) counts_cap_ = t;
+      }
+      int64_t off = 0;
+      bool enqueued = false;
+      for (size_t i = 0; i < t && e == cudaSuccess; ++i) {
+        what = "lookup";
+        const int64_t n = sizes[i];
+        std::lock_guard<std::mutex> cl(cs[i]->mutex());
+        e = cs[i]->core().lookup_enqueue(static_cast<const int64_t*>(keys.data()) + off, n,
+                                         static_cast<float*>(out.data()) + out_offsets[i],
+                                         static_cast<int64_t*>(missing.data()) + off, counts_ + i, ws_, ws_bytes_, s);
+        enqueued = enqueued || n > 0;
+        off += n;
+      }
+      // One synchronization for every table (also after an error, so that no enqueued work
+      // still uses the buffers).
+      if (enqueued) {
+        const cudaError_t se = cudaStreamSynchronize(s);
+        if (e == cudaSuccess) {
+          e = se;
+          what = "synchronizing the stream";
+        }
+      }
+      if (e == cudaSuccess)
+        for (size_t i = 0; i < t; ++i) counts[i] = counts_[i];
+    }
+    cuda_check(fn, e, what);
+    return counts;
+  }
+
+  int device() const { return device_; }
+
+ private:
+  int device_ = 0;
+  std::mutex mu_;
+  void* ws_ = nullptr;          // the shared lookup workspace (stream order keeps the tables apart)
+  size_t ws_bytes_ = 0;
+  int64_t* counts_ = nullptr;   // page-locked: one miss count per table
+  size_t counts_cap_ = 0;
 };
 
 }  // namespace
@@ -282,4 +412,23 @@ EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
       .def_prop_ro("num_sets", [](const PyCudaEmbeddingCache& c) { return c.core().num_sets(); })
       .def_prop_ro("static", [](const PyCudaEmbeddingCache& c) { return c.core().is_static(); })
       .def_prop_ro("device", [](const PyCudaEmbeddingCache& c) { return c.core().device(); });
+
+  nb::class_<PyCudaCacheLookup>(
+      m, "CudaCacheLookup",
+      "The lookups of several CudaEmbeddingCache objects of one device as one request, with one host\n"
+      "synchronization: each cache's lookup and miss compaction is enqueued on one stream, the miss\n"
+      "counts go to one page-locked buffer, and the stream is synchronized once. Holds the shared\n"
+      "workspace (grown, with a cudaMalloc, to the largest request seen); one thread at a time.\n\n"
+      "Example:\n"
+      "    >>> look = CudaCacheLookup(0)                                          # doctest: +SKIP\n"
+      "    >>> counts = look.lookup([c0, c1], keys, [n0, n1], out, [0, o1], missing, stream)  # doctest: +SKIP")
+      .def(nb::init<int>(), nb::arg("device"))
+      .def("lookup", &PyCudaCacheLookup::lookup, nb::arg("caches"), nb::arg("keys"), nb::arg("sizes"), nb::arg("out"),
+           nb::arg("out_offsets"), nb::arg("missing"), nb::arg("stream") = 0,
+           "For each table i: looks up keys[k_i : k_i + sizes[i]] (k_i = sizes[0] + ... + sizes[i-1]) in\n"
+           "caches[i], copies the cached rows into out[out_offsets[i] :] as float32[sizes[i], dim_i] (out: a\n"
+           "1-D float32 array; offsets ascending, each table's rows after the previous one's; a multiple\n"
+           "of 4 keeps the 16-byte copies) and writes the miss positions, ascending, to missing[k_i : k_i + m_i].\n"
+           "Returns [m_0, m_1, ...]. Enqueues everything on `stream` and synchronizes it once.")
+      .def_prop_ro("device", &PyCudaCacheLookup::device);
 }

@@ -743,6 +743,222 @@ class ParameterServer:
             return self._lookup_host_for_device(tab, keys, fw, device, return_defaulted)
         return self._lookup_host(tab, self._keys(keys), return_defaulted)
 
+    def lookup_many(self, model: str, keys, return_defaulted: bool = False, device=None):
+        """The rows of several tables of ``model`` as one request (what Triton's ``hps_embedding``
+        model and the lookup layer ask for: one batch of keys per table).
+
+        Args:
+            model: a model name of the config.
+            keys: one 1-D integer key array per table: a list or tuple (entry i for table_id i)
+                or a dict ``{table_id: keys}``; each as :meth:`lookup` takes them (host or GPU).
+            return_defaulted: also return, per table, which keys got the default value.
+            device: as :meth:`lookup`; GPU keys must all be on one device.
+
+        Returns:
+            The rows in the form of ``keys`` (a list, or a dict by table id), each as
+            :meth:`lookup` returns them; with ``return_defaulted``, ``(rows, defaulted)`` with
+            ``defaulted`` in the same form.
+
+        Raises:
+            HPSLookupError: as :meth:`lookup`, and GPU keys of one request on different devices.
+            HPSUnavailableError: as :meth:`lookup`.
+
+        On the GPU tier the whole request costs one host synchronization: every table's cache
+        lookup is enqueued on the current stream of the device and their miss counts come back
+        together; the misses of all tables are then copied to the host in one copy, looked up in
+        the tiers below (table by table) and their rows copied back in one copy. Host keys go to
+        the device in one copy, and host rows come back in one copy. The rows of one request
+        are views of one device buffer. Elsewhere, the tables are looked up one by one.
+
+        Example:
+            >>> rows = ps.lookup_many("m", [keys_t0, keys_t1])          # doctest: +SKIP
+            >>> rows = ps.lookup_many("m", {0: k0, 3: k3}, device=0)     # doctest: +SKIP
+        """
+        if self._closed:
+            raise RuntimeError("HPS: the ParameterServer is closed")
+        if isinstance(keys, dict):
+            ids, ks = list(keys.keys()), list(keys.values())
+        elif isinstance(keys, (list, tuple)):
+            ids, ks = list(range(len(keys))), list(keys)
+        else:
+            raise HPSLookupError(f"HPS: lookup_many takes keys as a list (one array per table) or a dict "
+                                 f"{{table_id: keys}}, got {type(keys).__name__}")
+        tabs = [self._table(model, i) for i in ids]
+        if tabs and all(t.cache_tier == "gpu" for t in tabs):
+            rows, flags = self._lookup_gpu_many(tabs, ks, device, return_defaulted)
+        else:
+            res = [self.lookup(model, i, k, return_defaulted=return_defaulted, device=device) for i, k in zip(ids, ks)]
+            rows = [r[0] for r in res] if return_defaulted else res
+            flags = [r[1] for r in res] if return_defaulted else None
+        if isinstance(keys, dict):
+            rows = dict(zip(ids, rows))
+            flags = dict(zip(ids, flags)) if return_defaulted else None
+        return (rows, flags) if return_defaulted else rows
+
+    def _lookup_gpu_many(self, tabs: list, keys: list, device, return_defaulted: bool):
+        """The GPU tier for several tables of one model: one device, one synchronization."""
+        xp = self._xp
+        fws = [DeviceArrays.framework(k) for k in keys]
+        d = None if device is None else _device_index(device)
+        dks = [None] * len(keys)
+        for i, (k, fw) in enumerate(zip(keys, fws)):
+            if fw:
+                dk = self._device_keys(xp, k)
+                kd = xp.device_of(dk)
+                if d is None:
+                    d = kd
+                elif kd != d:
+                    raise HPSLookupError(f"HPS: keys of table {tabs[i].index} are on cuda:{kd} but "
+                                         f"{'device' if device is not None else 'other keys'} are on cuda:{d}; "
+                                         "move them first")
+                dks[i] = dk
+        devs = tabs[0].devices
+        if d is None:
+            d = devs[0]
+        cache = tabs[0].gpu.get(d)
+        if cache is None:
+            raise HPSLookupError(f"HPS: model {tabs[0].model!r} is deployed on GPU device(s) {list(devs)} "
+                                 f"(deployed_device_list); device {d} is not one of them")
+        host_out = device is None and not any(fws)
+        dst = self._gpu_stats[d]
+        with xp.device_context(d):
+            if not any(fws):        # every table's host keys to the device in one copy
+                hk = [self._keys(k) for k in keys]
+                ns = [h.shape[0] for h in hk]
+                flat_keys = xp.put(np.concatenate(hk) if len(hk) > 1 else hk[0], d)
+            else:                   # one device array of every table's keys (one kernel)
+                for i, fw in enumerate(fws):
+                    if not fw:
+                        dks[i] = xp.put(self._keys(keys[i]), d)
+                ns = [int(k.shape[0]) for k in dks]
+                flat_keys = xp.cat(dks) if len(dks) > 1 else dks[0]
+            # Table i's rows start at a multiple of 4 floats (16 bytes: the kernels' wide copies).
+            offs, o = [], 0
+            for n, t in zip(ns, tabs):
+                offs.append(o)
+                o += (n * t.dim + 3) // 4 * 4
+            flat = xp.empty((o,), np.float32, d)
+            outs = xp.row_views(flat, offs, [(n, t.dim) for n, t in zip(ns, tabs)])
+            with self._lock:
+                for t, n in zip(tabs, ns):
+                    t.lookups += 1
+                    t.keys += n
+                epoch = self._epoch
+            t0 = time.perf_counter()
+            missing, counts = cache.lookup_many([t.name for t in tabs], flat_keys, ns, flat, offs)
+            dt = time.perf_counter() - t0
+            mtot = sum(counts)
+            with self._lock:
+                st = dst["stats"]
+                st.calls += len(tabs)
+                st.seconds += dt
+                st.hits += sum(ns) - mtot
+                st.misses += mtot
+            defaulted = [None] * len(tabs)
+            pos_host = [None] * len(tabs)
+            if mtot:
+                self._fill_misses_many(tabs, flat_keys, outs, missing, ns, counts, d, epoch, cache, defaulted,
+                                       pos_host)
+            if host_out:
+                h = xp.get(flat)                 # every table's rows in one copy
+                rows = [h[o_:o_ + n * t.dim].reshape(n, t.dim) for o_, n, t in zip(offs, ns, tabs)]
+            else:
+                rows = [xp.export_array(o_, fw) for o_, fw in zip(outs, fws)]
+            if not return_defaulted:
+                return rows, None
+            flags = []
+            for i, n in enumerate(ns):
+                f = np.zeros(n, bool)
+                if defaulted[i] is not None:
+                    f[pos_host[i]] = defaulted[i]
+                flags.append(f if host_out else xp.export_array(xp.put(f, d), fws[i]))
+            return rows, flags
+
+    def _fill_misses_many(self, tabs, flat_keys, outs, missing, ns, counts, d, epoch, cache, defaulted, pos_host):
+        """The misses of every table of a request: their positions and keys to the host in one
+        copy, the tiers below table by table, their rows back in one copy, scattered into `outs`,
+        and (dynamic caches) inserted into the device's caches. Fills ``defaulted[i]`` (per miss,
+        or None) and ``pos_host[i]`` (the miss positions) for the tables with misses."""
+        xp = self._xp
+        sel, offs, o = [], [], 0
+        for i, (n, m) in enumerate(zip(ns, counts)):
+            if m:
+                sel.append(i)
+                offs.append(o)
+            o += n
+        pos = [missing[o_:o_ + counts[i]] for i, o_ in zip(sel, offs)]
+        mkeys = [xp.take(flat_keys[o_:o_ + ns[i]], p) for i, o_, p in zip(sel, offs, pos)]
+        both = xp.get(xp.cat(pos + mkeys))           # positions and keys of every miss: one copy
+        mtot = sum(counts[i] for i in sel)
+        hpos, hkeys = both[:mtot], both[mtot:]
+        rows_h, o = [], 0
+        for i in sel:
+            m, tab = counts[i], tabs[i]
+            pos_host[i] = hpos[o:o + m]
+            ukeys, inverse = np.unique(hkeys[o:o + m], return_inverse=True)
+            o += m
+            rows_u, missing_u, _ = self._walk(tab, ukeys, self._paths_below[tab.model], epoch)
+            rows_h.append(rows_u[inverse].reshape(-1))
+            if missing_u.size:
+                udef = np.zeros(ukeys.shape[0], bool)
+                udef[missing_u] = True
+                defaulted[i] = udef[inverse]
+                with self._lock:
+                    tab.defaults_returned += int(np.count_nonzero(defaulted[i]))
+        rows_d = xp.split_views(xp.put(np.concatenate(rows_h) if len(rows_h) > 1 else rows_h[0], d),
+                                [(counts[i], tabs[i].dim) for i in sel])   # every miss's row: one copy
+        sync_items, async_items = [], []
+        for j, i in enumerate(sel):
+            tab, p, rows = tabs[i], pos[j], rows_d[j]
+            xp.scatter(outs[i], p, rows)
+            dflt = defaulted[i]
+            if not tab.dynamic or (dflt is not None and dflt.all()):
+                continue
+            if dflt is None:
+                ik, irows = mkeys[j], rows
+            else:       # the defaults do not go into the cache
+                keep = xp.put(np.flatnonzero(~dflt), d)
+                ik, irows = xp.take(mkeys[j], keep), xp.take(rows, keep)
+            item = (tab, ik, irows)
+            (sync_items if (1.0 - counts[i] / ns[i]) < tab.threshold else async_items).append(item)
+        if sync_items or async_items:
+            ready = xp.record(xp.current_stream(d))
+            if sync_items:
+                self._insert_gpu_many(cache, sync_items, ready, epoch, sync=True)
+            if async_items:
+                self._insert_gpu_many(cache, async_items, ready, epoch, sync=False)
+
+    def _insert_gpu_many(self, cache: GpuCacheTier, items: list, ready, epoch: int, sync: bool) -> None:
+        """:meth:`_insert_gpu` for several tables' rows ``[(tab, keys, rows), ...]`` at once."""
+        dst = self._gpu_stats[cache.device]
+
+        def check():
+            with self._lock:
+                return not self._closed and self._current(epoch)
+
+        def go(counter: str):
+            ev = cache.insert_many_async([(t.name, k, v) for t, k, v in items], ready, check)
+            with self._lock:
+                for t, k, _ in items:
+                    n = int(k.shape[0])
+                    if ev is None:
+                        dst["inserts_skipped"] += n
+                        continue
+                    dst[counter] += n
+                    dst["stats"].inserted += n
+                    self._stats["cache"].inserted += n
+                    if counter == "sync_inserts":
+                        t.sync_inserts += n
+                    else:
+                        t.async_inserts += n
+            if ev is not None:
+                ev.synchronize()    # keeps keys and rows alive until the inserts have run
+
+        if sync:
+            go("sync_inserts")
+        else:
+            self._enqueue_call(lambda: go("async_inserts"))
+
     def _walk(self, tab: _Table, ukeys: np.ndarray, path: list, epoch: int):
         """Looks unique keys up in `path` (the tiers, top down), each tier asked for the keys the
         tiers above it did not hold; fills defaults; moves rows up into the volatile DB. Returns

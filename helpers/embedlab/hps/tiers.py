@@ -8,7 +8,7 @@ naming) with a fixed row width ``dim``. Every method works on a batch:
 * ``insert(table, keys, values)``: inserts or overwrites rows;
 * ``erase(table, keys)``; ``size(table)``; ``close()``.
 
-A tier that cannot be reached raises :class:`TierUnavailable`; the :class:`ParameterServer`
+A tier that cannot be reached raises :class:`TierUnavailable`; the :class:`~embedlab.hps.ParameterServer`
 then logs it once, counts it, and goes on with the tiers below. Nothing here imports
 TensorFlow (the Triton python backend runs the server without it).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -254,6 +255,30 @@ class DeviceArrays:
     def scatter(self, out, idx, rows) -> None:
         out[idx] = rows
 
+    def cat(self, xs: list):
+        """One device array of the 1-D arrays xs, end to end."""
+        if self.name == "torch":
+            return self.t.cat(xs)
+        return self.cp.concatenate(xs)
+
+    def split_views(self, flat, shapes: list) -> list:
+        """Views of the 1-D array `flat`, end to end, one per shape ((n,) or (n, dim))."""
+        sizes = [math.prod(sh) for sh in shapes]
+        if self.name == "torch":
+            parts = self.t.split(flat, sizes)
+            return [p if len(sh) == 1 else p.view(sh) for p, sh in zip(parts, shapes)]
+        out, o = [], 0
+        for sz, sh in zip(sizes, shapes):
+            out.append(flat[o:o + sz].reshape(sh))
+            o += sz
+        return out
+
+    def row_views(self, flat, offsets: list, shapes: list) -> list:
+        """Views ``flat[o:o + n * dim]`` as ``[n, dim]``, one per (offset, shape)."""
+        if self.name == "torch":
+            return [flat[o:o + n * d].view(n, d) for o, (n, d) in zip(offsets, shapes)]
+        return [flat[o:o + n * d].reshape(n, d) for o, (n, d) in zip(offsets, shapes)]
+
     def min_max(self, x) -> tuple[int, int]:
         return int(x.min()), int(x.max())
 
@@ -437,6 +462,44 @@ class GpuCacheTier:
                 sc.event = ev       # keeps it alive, so its id is not reused while remembered
             return cache.lookup(keys, out, stream=ptr, missing=missing)
 
+    def lookup_many(self, tables: list, keys, sizes: list, out, out_offsets: list):
+        """The lookups of several tables as one request, with one host synchronization for all
+        (the miss counts come back together): table i's keys are ``keys[k_i : k_i + sizes[i]]``
+        (``k_i`` the sum of the sizes before it) and its cached rows go to
+        ``out[out_offsets[i]:]`` as ``[sizes[i], dim]`` (``keys``, ``out``: 1-D device arrays).
+        Returns ``(missing, counts)``: table i's miss positions are
+        ``missing[k_i : k_i + counts[i]]`` (a device array valid until this thread's next lookup
+        on this device). Runs on the current stream of this device, as :meth:`lookup`."""
+        caches = [self._tables[t] for t in tables]
+        missing = self._missing_buffer(int(keys.shape[0]))
+        ptr = self.xp.current_stream_ptr(self.device)
+        sc = self._scratch
+        look = getattr(sc, "many", None)
+        if look is None:
+            look = sc.many = self._core.CudaCacheLookup(self.device)
+        with self._lock.read():
+            ev = self._last_write
+            if ev is not None and getattr(sc, "waited", None) != (ptr, id(ev)):
+                self.xp.current_stream(self.device).wait_event(ev)
+                sc.waited = (ptr, id(ev))
+                sc.event = ev
+            return missing, look.lookup(caches, keys, sizes, out, out_offsets, missing, ptr)
+
+    def insert_many_async(self, items: list, ready, check=None):
+        """:meth:`insert_async` of several tables' rows ``[(table, keys, rows), ...]`` under one
+        hold of the write order and one event (None when ``check()`` refuses them)."""
+        with self._lock.write():
+            if check is not None and not check():
+                return None
+            ws = self._write_stream
+            if ready is not None:
+                ws.wait_event(ready)
+            for table, keys, rows in items:
+                self._tables[table].insert(keys, rows, stream=self._write_ptr, sync=False)
+            ev = self.xp.record(ws)
+            self._last_write = ev
+            return ev
+
     def insert_async(self, table: str, keys, rows, ready, check=None):
         """Enqueues the insertion of device rows (after event `ready`, where they were produced)
         on the write stream; returns its event, or None when ``check()`` (called with the order
@@ -569,7 +632,7 @@ def redis_unavailable_errors() -> tuple:
     * ``OSError``: socket errors that reach the caller unwrapped.
 
     ``RedisClusterException`` itself (its exact class) means unavailable too, but it cannot be
-    listed here, since its other subclasses are misuse: see :meth:`RedisTier._run`.
+    listed here, since its other subclasses are misuse (see ``RedisTier._run``).
     """
     import redis.exceptions as E
     return (E.ConnectionError, E.TimeoutError, E.ClusterError, E.TryAgainError, E.AskError, E.ReadOnlyError,
@@ -599,7 +662,7 @@ class RedisTier:
     connections, a reply not received within ``socket_timeout`` (a hung node), a failed
     authentication after a restart, a cluster that is down, has a slot without a node, or whose
     nodes cannot be reached at all. The clients do not retry (``Retry(NoBackoff(), 0)``): the
-    :class:`ParameterServer` skips the tier and tries it again later, so a lookup waits for a
+    :class:`~embedlab.hps.ParameterServer` skips the tier and tries it again later, so a lookup waits for a
     hung Redis about one ``socket_timeout`` (1 s by default; a healthy node answers a pipeline of
     ``max_batch_size`` keys in milliseconds). After a failure the next call first re-reads the
     cluster's slot map, asking the node that failed last.

@@ -262,3 +262,201 @@ def test_without_gpu_the_cpu_cache_serves_and_says_so(tmp_path, rng):
             ps.lookup("m", 0, tab.keys[:3], device=0)
     with pytest.raises(TierError, match="gpu_cache=True but the GPU embedding cache cannot run here"):
         ParameterServer(_json([tab]), gpu_cache=True)
+
+
+# ---- many tables, one request (lookup_many) -------------------------------------------------
+
+def _many_keys(tabs, rng, dist, empty=None):
+    """One key stream per table (sizes differ; table `empty` gets no keys)."""
+    return [np.zeros(0, np.int64) if i == empty else t.stream(int(rng.integers(1, 4000)), dist)
+            for i, t in enumerate(tabs)]
+
+
+@needs_cache
+@pytest.mark.parametrize("cache_type", ["dynamic", "static"])
+@pytest.mark.parametrize("dist", ["zipf", "uniform"])
+def test_lookup_many_same_bits_as_cpu_tier_and_per_table(tmp_path, rng, cache_type, dist):
+    """lookup_many on the GPU tier returns, table by table, the bits of the CPU-tier server and of
+    the GPU server's own per-table lookup: host and device keys, list and dict forms, an empty
+    table, absent keys, through evictions, with updates and refreshes between requests."""
+    tabs = [Tab(tmp_path / f"t{i}", rng, n, dim) for i, (n, dim) in
+            enumerate([(6000, 16), (3000, 128), (2000, 5), (2500, 16), (1500, 32)])]
+    js = _json(tabs, cache_type, per=0.05, thr=0.5)
+    dev = _dev()
+    with ParameterServer(js, gpu_cache=True) as g, ParameterServer(js, gpu_cache=False) as c:
+        for step in range(24):
+            qs = _many_keys(tabs, rng, dist, empty=2 if step % 5 == 4 else None)
+            want = [c.lookup("m", t, q, return_defaulted=True) for t, q in enumerate(qs)]
+            how = step % 4
+            if how == 0:        # host keys, host rows (what Triton's python backend sends)
+                got, gdef = g.lookup_many("m", qs, return_defaulted=True)
+            elif how == 1:      # device keys, rows on their device
+                got, gdef = g.lookup_many("m", [dev.put(q) for q in qs], return_defaulted=True)
+                got, gdef = [dev.get(x) for x in got], [dev.get(x) for x in gdef]
+            elif how == 2:      # a dict of some tables, host keys, rows on device 0
+                ids = [4, 0, 1]
+                gd, dd = g.lookup_many("m", {t: qs[t] for t in ids}, return_defaulted=True, device=0)
+                assert list(gd) == ids and list(dd) == ids
+                want = [want[t] for t in ids]
+                got, gdef = [dev.get(gd[t]) for t in ids], [dev.get(dd[t]) for t in ids]
+            else:               # without defaulted flags; compare with per-table GPU lookups too
+                got = g.lookup_many("m", [dev.put(q) for q in qs], device=0)
+                got = [dev.get(x) for x in got]
+                gdef = None
+            for j, (w, wd) in enumerate(want):
+                assert got[j].shape == w.shape and got[j].dtype == np.float32
+                np.testing.assert_array_equal(_bits(got[j]), _bits(w), err_msg=f"step {step}, entry {j}")
+                if gdef is not None:
+                    np.testing.assert_array_equal(gdef[j], wd, err_msg=f"step {step}, entry {j}")
+            if how == 3:
+                for t, q in enumerate(qs):
+                    np.testing.assert_array_equal(_bits(g.lookup("m", t, q)), _bits(want[t][0]))
+            if step % 6 == 5 and cache_type == "dynamic":
+                t = int(rng.integers(0, len(tabs)))
+                k = tabs[t].rng.choice(tabs[t].keys, 300, replace=False)
+                v = rng.standard_normal((300, tabs[t].dim)).astype(np.float32)
+                assert g.update("m", t, k, v) == c.update("m", t, k, v) == 300
+                many = g.lookup_many("m", {t: k})
+                np.testing.assert_array_equal(_bits(many[t]), _bits(v))
+            if step % 9 == 8:
+                t = int(rng.integers(0, len(tabs)))
+                tabs[t].vectors = rng.standard_normal(tabs[t].vectors.shape).astype(np.float32)
+                write_sparse_model(tabs[t].path, tabs[t].keys, tabs[t].vectors)
+                assert g.refresh("m") == c.refresh("m")
+                np.testing.assert_array_equal(_bits(g.lookup_many("m", {t: tabs[t].keys})[t]),
+                                              _bits(tabs[t].vectors))
+        g.wait_background()
+        d0 = g.stats()["tiers"]["cache"]["devices"]["cuda:0"]
+        assert d0["hits"] > 0 and d0["misses"] > 0
+        if cache_type == "dynamic":
+            assert d0["sync_inserts"] + d0["async_inserts"] > 0
+            ev = sum(g._gpu_caches[("dynamic", 0)].stats(f"hps_et.m.t{i}")["evictions"] for i in range(len(tabs)))
+            assert ev > 0, "the caches (5 % of the rows) must have evicted"
+
+
+@needs_cache
+def test_lookup_many_concurrent_with_updates(tmp_path, rng):
+    """Threads send many-table requests (host and device keys) while the main thread updates a
+    hot key set of two tables in versions: every row is one its key held; after an update
+    returns, a new request sees it exactly."""
+    tabs = [Tab(tmp_path / "a", rng, 6000, 32), Tab(tmp_path / "b", rng, 4000, 16), Tab(tmp_path / "c", rng, 3000, 8)]
+    hot = [t.keys[:300] for t in tabs]
+    versions = [[t.vectors[:300]] for t in tabs]
+    pos = [{int(k): i for i, k in enumerate(t.keys)} for t in tabs]
+    dev = _dev()
+    errors = []
+    stop = threading.Event()
+    lock = threading.Lock()
+    with ParameterServer(_json(tabs, per=0.1, thr=0.95), gpu_cache=True) as ps:
+        def reader(seed):
+            r = np.random.default_rng(seed)
+            i = 0
+            while not stop.is_set() and not errors:
+                qs = [np.concatenate([h[r.integers(0, 300, 200)], t.keys[r.integers(0, t.keys.size, 500)]])
+                      for h, t in zip(hot, tabs)]
+                try:
+                    rows = ps.lookup_many("m", qs) if i % 2 else \
+                        [dev.get(x) for x in ps.lookup_many("m", [dev.put(q) for q in qs], device=0)]
+                except Exception as e:  # reported by the main thread
+                    errors.append(repr(e))
+                    return
+                with lock:
+                    vs = [list(v) for v in versions]
+                for t, (q, rw) in enumerate(zip(qs, rows)):
+                    for j, k in enumerate(q):
+                        p = pos[t][int(k)]
+                        if p < 300:
+                            if not any(np.array_equal(rw[j], v[p]) for v in vs[t]):
+                                errors.append(f"table {t} hot key {k}: a row it never held")
+                        elif not np.array_equal(rw[j], tabs[t].vectors[p]):
+                            errors.append(f"table {t} key {k}: wrong row")
+                i += 1
+
+        threads = [threading.Thread(target=reader, args=(int(s),)) for s in rng.integers(0, 2**31, 3)]
+        for th in threads:
+            th.start()
+        try:
+            for _ in range(6):
+                for t in (0, 1):
+                    new = rng.standard_normal((300, tabs[t].dim)).astype(np.float32)
+                    with lock:
+                        versions[t].append(new)
+                    ps.update("m", t, hot[t], new)
+                got = ps.lookup_many("m", hot)
+                dgot = ps.lookup_many("m", [dev.put(h) for h in hot], device=0)
+                for t in range(3):
+                    np.testing.assert_array_equal(got[t], versions[t][-1])
+                    np.testing.assert_array_equal(dev.get(dgot[t]), versions[t][-1])
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+        assert not errors, errors[:5]
+
+
+@needs_cache
+def test_cuda_cache_lookup_matches_per_cache_lookups(rng):
+    """CudaCacheLookup (several caches, one synchronization) gives each cache's rows and miss
+    positions of its own lookup(); an empty table; clear errors for bad arguments."""
+    core, dev, _ = gpu_arrays.core_and_device("CudaEmbeddingCache")
+    dims = [16, 128, 5, 16]
+    caches = [core.CudaEmbeddingCache(512, d, ways=8, static=(i == 3)) for i, d in enumerate(dims)]
+    keys, stream = [], dev.stream()
+    for c, d in zip(caches, dims):
+        k = rng.integers(-2**62, 2**62, 600, dtype=np.int64)
+        c.insert(dev.put(k[:400]), dev.put(rng.standard_normal((400, d)).astype(np.float32)), stream=stream)
+        q = k[rng.integers(0, 600, int(rng.integers(1, 3000)))]
+        keys.append(q)
+    keys[2] = np.zeros(0, np.int64)
+    look = core.CudaCacheLookup(0)
+    sizes = [q.size for q in keys]
+    offs = list(np.cumsum([0] + [(n * d + 3) // 4 * 4 + 4 for n, d in zip(sizes, dims)])[:-1])
+    out = dev.nan(int(offs[-1]) + sizes[-1] * dims[-1] + 4)
+    dkeys = dev.put(np.concatenate(keys))
+    missing = dev.full(sum(sizes) + 7, -5, np.int64)
+    counts = look.lookup(caches, dkeys, sizes, out, [int(o) for o in offs], missing, stream=stream)
+    allmiss, hout = dev.get(missing), dev.get(out)
+    o = 0
+    for i, (c, q, d) in enumerate(zip(caches, keys, dims)):
+        ref = dev.nan((q.size, d))
+        mref = dev.get(c.lookup(dev.put(q), ref, stream=stream))
+        assert counts[i] == mref.size
+        np.testing.assert_array_equal(allmiss[o:o + counts[i]], mref)
+        got = hout[int(offs[i]):int(offs[i]) + q.size * d].reshape(q.size, d)
+        np.testing.assert_array_equal(_bits(got), _bits(dev.get(ref)))
+        o += q.size
+    assert counts[2] == 0
+    gaps = np.ones(hout.size, bool)     # nothing written outside the tables' rows
+    for i, (q, d) in enumerate(zip(keys, dims)):
+        gaps[int(offs[i]):int(offs[i]) + q.size * d] = False
+    assert np.isnan(hout[gaps]).all()
+    offs = [int(x) for x in offs]
+    with pytest.raises(ValueError, match="one entry per table"):
+        look.lookup(caches, dkeys, sizes[:2], out, offs, missing, stream=stream)
+    with pytest.raises(ValueError, match=r"out_offsets\[1\] = 0 must be at least"):
+        look.lookup(caches, dkeys, sizes, out, [0, 0] + offs[2:], missing, stream=stream)
+    with pytest.raises(ValueError, match="keys must hold sum"):
+        look.lookup(caches, dev.put(np.concatenate(keys + [keys[0][:1]])), sizes, out, offs, missing, stream=stream)
+    with pytest.raises(ValueError, match="missing must have room"):
+        look.lookup(caches, dkeys, sizes, out, offs, dev.full(3, 0, np.int64), stream=stream)
+    with pytest.raises(ValueError, match="keys must have dtype int64"):
+        look.lookup(caches, dev.put(np.concatenate(keys).astype(np.int32)), sizes, out, offs, missing, stream=stream)
+
+
+def test_lookup_many_cpu_tier(tmp_path, rng):
+    """Where a model's cache is on the CPU, lookup_many answers table by table, as lookup does."""
+    tabs = [Tab(tmp_path / "a", rng, 800, 8), Tab(tmp_path / "b", rng, 600, 3)]
+    with ParameterServer(_json(tabs), gpu_cache=False) as ps:
+        qs = [t.stream(500, "zipf") for t in tabs]
+        rows, dflt = ps.lookup_many("m", qs, return_defaulted=True)
+        for t, q in enumerate(qs):
+            w, wd = ps.lookup("m", t, q, return_defaulted=True)
+            np.testing.assert_array_equal(_bits(rows[t]), _bits(w))
+            np.testing.assert_array_equal(dflt[t], wd)
+        d = ps.lookup_many("m", {1: qs[1]})
+        assert list(d) == [1]
+        np.testing.assert_array_equal(d[1], rows[1])
+        with pytest.raises(HPSLookupError, match="list .one array per table. or a dict"):
+            ps.lookup_many("m", qs[0])
+        with pytest.raises(HPSLookupError, match="has no table_id 5"):
+            ps.lookup_many("m", {5: qs[0]})
