@@ -9,7 +9,7 @@
 * :func:`slow_lookups` and :func:`tier_split` turn those measurements into the notebook's
   explanations (where a slow lookup spent its time; which tier costs what).
 
-The server's log messages during a run are kept in :attr:`StreamRun.log` (and not printed), so a
+The server's log messages during a run are kept in ``StreamRun.log`` (and not printed), so a
 notebook shows them as part of the result. No TensorFlow here.
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..timing import compare, format_spread, spread
 
-__all__ = ["CSR", "SORTED", "SHUFFLED", "DENSE", "graph_ops", "cost_split", "input_form_report"]
+__all__ = ["CSR", "SORTED", "SHUFFLED", "DENSE", "graph_ops", "cost_split", "format_ms", "input_form_report"]
 
 CSR, SORTED, SHUFFLED, DENSE = "pre-built CSR", "COO, sorted by row", "COO, shuffled", "dense, -1 padded"
 
@@ -82,8 +82,21 @@ def cost_split(samples: Mapping) -> dict:
     return out
 
 
-def _ms(x) -> str:
+def format_ms(x) -> str:
+    """'median ms (q1-q3)' of repeated ms, written 'median ms (q1 to q3)' with signs where the
+    range reaches below 0 (a difference of two timings can).
+
+    Example:
+        >>> format_ms([1.0, 2.0, 3.0]), format_ms([-1.0, 0.5, 2.0])
+        ('2.00 ms (1.50-2.50)', '+0.50 ms (-0.25 to +1.25)')
+    """
+    med, q1, q3 = spread(x)
+    if q1 < 0:
+        return f"{med:+.2f} ms ({q1:+.2f} to {q3:+.2f})"
     return format_spread(x, ".2f")
+
+
+_ms = format_ms
 
 
 def _signed_ms(x) -> str:

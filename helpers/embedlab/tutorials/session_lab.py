@@ -221,9 +221,10 @@ def train_passes(sess, dataset, eval_list, *, eval_every: int, start: int = 0, h
     Returns:
         int: the iteration count after the last list (pass it to `download_params_to_files`).
 
-    Example (a Session built as in notebook 03):
-        >>> it = train_passes(sess, list(zip(lists, keysets)), eval_list, eval_every=10, log="pass")  # doctest: +SKIP
-        [EMBEDLAB][INFO] file_list.0.txt: iterations 0-11, evaluated at 0 (AUC 0.4591), 10 (AUC 0.5873)
+    Example, on a Session built as notebook 03 builds it,
+    `train_passes(sess, list(zip(lists, keysets)), eval_list, eval_every=10, log="pass")` prints
+    lines such as `[EMBEDLAB][INFO] file_list.0.txt: iterations 0-11, evaluated at 0 (AUC 0.4591),
+    10 (AUC 0.5873)`.
     """
     if isinstance(eval_every, bool) or not isinstance(eval_every, (int, np.integer)) or eval_every < 1:
         raise ValueError(f"train_passes: eval_every must be an integer >= 1, got {eval_every!r}")
@@ -355,9 +356,9 @@ def time_keras_and_session(model, ds, sess, lists, rounds: int = 3) -> dict:
         {"keras": float array, "session": float array} of samples/s per round, paired by round
         (compare them with `embedlab.timing.compare(..., higher_is_better=True)`).
 
-    Example:
-        >>> sps = time_keras_and_session(model, ds, sess, lists, rounds=3)   # doctest: +SKIP
-        >>> compare(sps["session"], sps["keras"], "Session", "Keras", higher_is_better=True).sentence()  # doctest: +SKIP
+    Example, with notebook 03's model, dataset, Session and lists:
+    `sps = time_keras_and_session(model, ds, sess, lists, rounds=3)`, then
+    `embedlab.timing.compare(sps["session"], sps["keras"], "Session", "Keras", higher_is_better=True).sentence()`.
     """
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
         raise ValueError(f"time_keras_and_session: rounds must be an integer >= 1, got {rounds!r}")

@@ -1,9 +1,14 @@
-"""Spread-aware verdicts for the notebooks: a sentence about two sets of timings that names a
-winner only when their interquartile ranges do not overlap, and otherwise says the difference is
-within this machine's noise."""
+"""Spread-aware verdicts for the notebooks, in the shapes notebooks 04-06 print: a sentence about
+two sets of measurements that names a winner only when their interquartile ranges do not overlap,
+and otherwise says the difference is within this machine's noise.
+
+The statistics are :mod:`embedlab.timing`'s (`spread`, and `compare` with unpaired samples, whose
+ratio range holds 1 exactly when the two interquartile ranges overlap); this module only words
+them and adds the medians with their ranges.
+"""
 from __future__ import annotations
 
-import numpy as np
+from .. import timing
 
 __all__ = ["spread", "compare", "compare_rates"]
 
@@ -17,19 +22,20 @@ def spread(samples_ms) -> dict:
     Returns:
         {"median", "q25", "q75", "n"} in ms.
 
+    Raises:
+        ValueError: no samples, or a non-finite one.
+
     Example:
         >>> spread([1.0, 2.0, 3.0, 4.0, 100.0])["median"]
         3.0
     """
-    a = np.asarray(samples_ms, np.float64)
-    if a.size == 0:
-        raise ValueError("spread: samples_ms is empty")
-    q25, med, q75 = np.percentile(a, [25, 50, 75])
-    return {"median": float(med), "q25": float(q25), "q75": float(q75), "n": int(a.size)}
+    med, q25, q75 = timing.spread(samples_ms)
+    return {"median": med, "q25": q25, "q75": q75, "n": len(list(samples_ms))}
 
 
-def _fmt(s: dict) -> str:
-    return f"{s['median']:.1f} ms (interquartile {s['q25']:.1f}-{s['q75']:.1f}, {s['n']} runs)"
+def _fmt(s: dict, unit: str = " ms", digits: str = ".1f") -> str:
+    return (f"{s['median']:{digits}}{unit} (interquartile {s['q25']:{digits}}-{s['q75']:{digits}}, "
+            f"{s['n']} runs)")
 
 
 def compare(name_a: str, a_ms, name_b: str, b_ms) -> tuple[str, str]:
@@ -49,13 +55,12 @@ def compare(name_a: str, a_ms, name_b: str, b_ms) -> tuple[str, str]:
         'noise'
     """
     a, b = spread(a_ms), spread(b_ms)
-    if a["q25"] > b["q75"]:
-        kind, word = "slower", f"{a['median'] / b['median']:.1f}x slower than"
-    elif a["q75"] < b["q25"]:
-        kind, word = "faster", f"{b['median'] / a['median']:.1f}x faster than"
-    else:
+    c = timing.compare(a_ms, b_ms, name_a, name_b, paired=False)
+    if c.verdict == "noise":
         return "noise", (f"{name_a} ({_fmt(a)}) and {name_b} ({_fmt(b)}) are within this machine's noise: "
                          "their interquartile ranges overlap")
+    kind = "faster" if c.ratio > 1 else "slower"
+    word = f"{c.ratio:.1f}x faster than" if kind == "faster" else f"{1 / c.ratio:.1f}x slower than"
     return kind, f"{name_a} is {word} {name_b}: {_fmt(a)} against {_fmt(b)}; the ranges do not overlap"
 
 
@@ -73,11 +78,10 @@ def compare_rates(name_a: str, a, name_b: str, b, unit: str = "/s") -> tuple[str
         'higher'
     """
     sa, sb = spread(a), spread(b)
-    def fmt(s):
-        return f"{s['median']:,.0f}{unit} (interquartile {s['q25']:,.0f}-{s['q75']:,.0f}, {s['n']} runs)"
-    if sa["q25"] > sb["q75"]:
-        return "higher", f"{name_a}: {sa['median'] / sb['median']:.1f}x the rate of {name_b}, {fmt(sa)} against {fmt(sb)}"
-    if sa["q75"] < sb["q25"]:
-        return "lower", f"{name_a}: {sa['median'] / sb['median']:.2f}x the rate of {name_b}, {fmt(sa)} against {fmt(sb)}"
-    return "noise", (f"{name_a} ({fmt(sa)}) and {name_b} ({fmt(sb)}) are within this machine's noise: their "
-                     "interquartile ranges overlap")
+    c = timing.compare(a, b, name_a, name_b, paired=False, higher_is_better=True)
+    if c.verdict == "noise":
+        return "noise", (f"{name_a} ({_fmt(sa, unit, ',.0f')}) and {name_b} ({_fmt(sb, unit, ',.0f')}) are "
+                         "within this machine's noise: their interquartile ranges overlap")
+    kind = "higher" if c.ratio > 1 else "lower"
+    return kind, (f"{name_a}: {sa['median'] / sb['median']:.{1 if kind == 'higher' else 2}f}x the rate of "
+                  f"{name_b}, {_fmt(sa, unit, ',.0f')} against {_fmt(sb, unit, ',.0f')}")
