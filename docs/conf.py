@@ -45,19 +45,22 @@ nb_merge_streams = True
 nb_render_text_lexer = "none"
 
 # API reference: one page per public module (every module or package whose dotted name has no part starting with
-# `_`), generated from the docstrings (Google style); a page describes the names of its module's `__all__` (or, with
-# no `__all__`, the public names the module defines).
+# `_`), generated from the docstrings (Google style); a page describes the names of its module's `__all__` and the
+# public classes the module defines that `__all__` leaves out (the types its signatures name), or, with no `__all__`,
+# the public classes and functions the module defines or exports on first use.
 #
 # One owner per object. Packages re-export the names of their submodules (`embedlab.hps.HPSConfig` is
 # `embedlab.hps.config.HPSConfig`), and a few objects are exported by two packages (`FormatError` by
 # `embedlab.data.formats` and `embedlab.session`). Each object is described once, on the page of its owner: the
-# exporting module with the shortest dotted name (the name users import), the first in alphabetical order on a tie.
-# Every other page that exports it lists it under "Also exported here" with a link to the owner's description. So
-# every public module has a page to link to (`:mod:`embedlab.hps.export``), no object is described twice, and a
-# reference to an object's defining module and name (what type hints give) resolves through autodoc's canonical name.
+# exporting module with the fewest dots (the name users import); on a tie the module that defines it, else the first
+# in alphabetical order. Every other page that exports it lists it under "Also exported here" with a link to that
+# description, and a reference to any other public name of the object (the defining module's name, which type hints
+# give, or a package's) resolves to it (`_resolve_by_owner`). So every public module has a page to link to
+# (:mod:`embedlab.hps.export`), and no object is described twice.
 def _api_layout() -> tuple[dict, dict, dict]:
-    """(submodules, own, elsewhere) per public module: its public submodules, the names its page describes, and
-    [(name, owner's dotted name)] of the names it exports that another page describes."""
+    """(submodules, explicit, elsewhere) per public module: its public submodules, [(name, autodoc directive)] of
+    the names its page describes that `automodule` does not find by itself, and [(name, owner's dotted name)] of the
+    names it exports that another page describes."""
     import importlib
     import inspect
     import pkgutil
@@ -77,34 +80,106 @@ def _api_layout() -> tuple[dict, dict, dict]:
 
     def exported(name: str, mod) -> list[str]:
         if hasattr(mod, "__all__"):
-            return [n for n in mod.__all__ if not inspect.ismodule(getattr(mod, n, None))]
-        return [n for n, v in vars(mod).items() if not n.startswith("_") and getattr(v, "__module__", None) == name
-                and (inspect.isclass(v) or inspect.isfunction(v))]
+            # Its __all__, and the public classes it defines that __all__ leaves out: they are the types of its API
+            # (`ModelSpec` holds `DataSpec`s), which its signatures name.
+            return [n for n in mod.__all__ if not inspect.ismodule(getattr(mod, n, None))] + [
+                n for n, v in vars(mod).items() if not n.startswith("_") and n not in mod.__all__
+                and inspect.isclass(v) and v.__module__ == name]
+        # No __all__: the classes and functions the module defines, and those it exports on first use (a module
+        # __getattr__ whose names its __dir__ lists, as `embedlab.core`).
+        names = [n for n in dir(mod) if not n.startswith("_") and not inspect.ismodule(getattr(mod, n, None))]
+        return [n for n in names if (inspect.isclass(getattr(mod, n)) or inspect.isroutine(getattr(mod, n)))
+                and (getattr(getattr(mod, n), "__module__", None) == name or n not in vars(mod))]
+
+    def found_by_automodule(name: str, mod, n: str) -> bool:
+        """Whether `automodule` documents `n` by itself: it looks only at the module's attributes (not at names
+        a module __getattr__ makes on first use) and, without __all__, only at what the module defines."""
+        if n not in vars(mod):
+            return False
+        if hasattr(mod, "__all__"):
+            return n in mod.__all__
+        return getattr(vars(mod)[n], "__module__", None) == name
+
+    def kind(obj) -> str:
+        if inspect.isclass(obj):
+            return "exception" if issubclass(obj, BaseException) else "class"
+        return "function" if inspect.isroutine(obj) else "data"
 
     exports = {name: exported(name, mod) for name, mod in modules.items()}
     # Objects that are values (strings, numbers) are compared by their exporting name only: two modules exporting
     # the same constant each describe it.
-    owner = {}
-    for name in sorted(modules, key=lambda n: (n.count("."), n)):
+    exporters = {}
+    for name in modules:
         for n in exports[name]:
             obj = getattr(modules[name], n, None)
             if inspect.isclass(obj) or inspect.isroutine(obj):
-                owner.setdefault(id(obj), f"{name}.{n}")
-    own, elsewhere = {}, {}
+                exporters.setdefault(id(obj), []).append((name.count("."), obj.__module__ != name, name, n))
+    owner = {key: "{2}.{3}".format(*min(names)) for key, names in exporters.items()}
+    _OWNER.update(owner)
+    explicit, elsewhere = {}, {}
     for name, mod in modules.items():
-        own[name], elsewhere[name] = [], []
+        explicit[name], elsewhere[name] = [], []
         for n in exports[name]:
             obj = getattr(mod, n, None)
             first = owner.get(id(obj)) if (inspect.isclass(obj) or inspect.isroutine(obj)) else None
             if first is None or first == f"{name}.{n}" or first.rsplit(".", 1)[0] == name:
-                own[name].append(n)
+                if not found_by_automodule(name, mod, n):
+                    explicit[name].append((n, kind(obj)))
             else:
                 elsewhere[name].append((n, first))
-    return submodules, own, elsewhere
+    return submodules, explicit, elsewhere
 
 
-_API_SUBMODULES, _API_OWN, _API_ELSEWHERE = _api_layout()
-autosummary_context = {"api_submodules": _API_SUBMODULES, "api_own": _API_OWN, "api_elsewhere": _API_ELSEWHERE}
+_OWNER: dict[int, str] = {}      # id(class or function) -> the dotted name of its one description
+_API_SUBMODULES, _API_EXPLICIT, _API_ELSEWHERE = _api_layout()
+
+
+def _object_at(dotted: str):
+    """The object a dotted name denotes (a module's attribute, or an attribute of one), or None."""
+    import importlib
+    parts = dotted.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def _resolve_by_owner(app, env, node, contnode):
+    """A reference to another public name of a described object (the defining module's name, as type hints and
+    docstrings of submodules give it, or a package's) resolves to the object's one description (above)."""
+    if node.get("refdomain") != "py":
+        return None
+    target = node["reftarget"].lstrip("~.")
+    mod, cls = node.get("py:module"), node.get("py:class")
+    candidates = [target] + ([f"{mod}.{cls}.{target}"] if mod and cls else []) + ([f"{mod}.{target}"] if mod else [])
+    domain = env.get_domain("py")
+    for cand in candidates:
+        if not cand.startswith("embedlab."):
+            continue
+        parts = cand.split(".")
+        # The longest prefix that is a described object; the rest (a method, an attribute) follows its owner.
+        for i in range(len(parts), 1, -1):
+            owner = _OWNER.get(id(_object_at(".".join(parts[:i])))) if _object_at(".".join(parts[:i])) is not None \
+                else None
+            if owner:
+                # Resolved as "obj": the owner's description may be of another kind than the role asked for (an
+                # exception exported under an alias is described as the alias).
+                found = domain.resolve_xref(env, node["refdoc"], app.builder, "obj", ".".join([owner] + parts[i:]),
+                                            node, contnode)
+                if found is not None:
+                    return found
+                break
+    return None
+autosummary_context = {"api_submodules": _API_SUBMODULES, "api_explicit": _API_EXPLICIT,
+                       "api_elsewhere": _API_ELSEWHERE}
 autosummary_generate = True
 autosummary_ignore_module_all = False
 autodoc_default_options = {"members": True, "show-inheritance": True}
@@ -122,7 +197,12 @@ _EXTERNAL = ("numpy", "np", "pathlib", "tensorflow", "tf", "keras", "os", "typin
              "datetime", "subprocess", "threading", "multiprocessing", "socket", "io", "json", "enum", "dataclasses",
              "distributed", "dask", "pandas", "pyarrow", "redis", "onnx", "onnxruntime", "tritonclient", "rocksdict",
              "fsspec", "contextlib", "types", "abc", "logging", "torch", "keras_rs")
-nitpick_ignore_regex = [(r"py:.*", rf"({'|'.join(_EXTERNAL)})(\..+)?")]
+nitpick_ignore_regex = [(r"py:.*", rf"({'|'.join(_EXTERNAL)})(\..+)?"),
+                        # A type hint of a public function may name a private class (`embedlab.sok._context.Context`,
+                        # a name with a part starting with `_`): it has no page, so it shows as plain text. Only class
+                        # references (what type hints give); docstrings refer to public names only, and a docstring's
+                        # :func:/:mod:/:meth: reference to a private name still fails the build.
+                        (r"py:class", r"embedlab(\.\w+)*\._\w+(\.\w+)*")]
 
 # The notebooks' folder and whether its absence is an error (the docs build renders notebooks, it never runs them).
 NOTEBOOKS_DIR = Path(os.environ.get("EMBEDLAB_NOTEBOOKS_DIR", REPO / "build" / "notebooks"))
@@ -160,6 +240,7 @@ def _public_bases(app, name, obj, options, bases) -> None:
 
 def setup(app):
     app.connect("autodoc-process-bases", _public_bases)
+    app.connect("missing-reference", _resolve_by_owner)
     app.connect("builder-inited", _stage_notebooks)
     app.connect("builder-inited", _generate_benchmarks)
     return {"parallel_read_safe": True}

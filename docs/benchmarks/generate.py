@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,8 @@ RUNS = {
     "hps": ["hps_amd-epyc-2c_2026-11-23T1441Z.json", "hps_amd-epyc-2c_2026-11-23T1808Z.json"],
     "hps_db": ["hps_db_amd-epyc-2c_2026-11-23T1808Z.json"],
     "hps_gpu": ["hps_gpu_nvidia-h100_2026-11-28T0216Z.json", "hps_gpu_nvidia-h200_2026-11-28T0212Z.json"],
-    "hps_server_gpu": ["hps_server_gpu_nvidia-h200_2026-11-28T0639Z.json"],
+    "hps_server_gpu": ["hps_server_gpu_nvidia-h100_2026-11-28T0740Z.json",
+                       "hps_server_gpu_nvidia-h200_2026-11-28T0639Z.json"],
     "ftrl_gpu": ["ftrl_gpu_nvidia-h200_2026-11-28T0643Z.json"],
     "serving": ["serving_amd-epyc-2c_2026-11-23T1443Z.json"],
     "session": ["session_amd-epyc-2c_2026-11-23T1907Z.json", "session_oversub_amd-epyc-2c_2026-11-23T1908Z.json"],
@@ -55,7 +57,7 @@ RUNS = {
             "sok_gpu_routing_nvidia-h100_2026-11-28T0216Z.json", "sok_gpu_routing_nvidia-h200_2026-11-28T0212Z.json"],
     # Benchmarks with no recorded run yet: their sections show the method and the command, and a line saying so.
     "plugin_layer": [],
-    "keras_rs": [],
+    "keras_rs": ["keras_rs_intel-xeon-2c_2026-11-28T0737Z.json"],
 }
 
 PEER = "#7f7f7f"      # peers and baselines: grey
@@ -452,6 +454,7 @@ def sec_hps_server_gpu(out: Path) -> str:
         for r in field(d, "results", file=n):
             ref = r.get("hugectr_tf_hps_a100_whole_model_us")
             rows.append([gpu, r["dim"], f"{r['hit_target']:.0%}", num(r["hit_rate"], 3), f"{r['batch']:,}",
+                         num(r.get("many_ms"), 3), num(r.get("bare_many_ms"), 3), num(r.get("many_host_io_ms"), 3),
                          num(r["server_ms"], 3), num(r["bare_ms"], 3), num(r["server_over_bare"]),
                          num(r["host_io_ms"], 3), num(r.get("cpu_tier_ms"), 3), num(r["lookups_per_s"] / 1e6, 1),
                          num(ref / 1e3, 3) if ref else "-"])
@@ -462,18 +465,28 @@ def sec_hps_server_gpu(out: Path) -> str:
     md = ("Wall time per model lookup (one batch looked up in each of the 26 tables), ms; lookups/s counts "
           "batch x tables. The last column is HugeCTR's published figure for its whole DLRM model (**the MLP "
           "included**, ours has none) served by \"TF with HPS\" on an A100 through Triton, beside ours for scale "
-          "only.\n\n" + table(["GPU", "dim", "hits (target)", "hit rate", "batch", "server ms", "bare cache ms (floor)",
-                                "server / bare", "host keys and rows ms", "CPU tier ms", "M lookups/s",
+          "only. `-`: not measured in that run.\n\n" + table(
+              ["GPU", "dim", "hits (target)", "hit rate", "batch", "lookup_many ms", "bare many ms (floor)",
+               "lookup_many, host keys and rows ms", "lookup per table ms", "bare cache ms (floor)",
+               "per table / bare", "per table, host keys and rows ms", "CPU tier ms", "M lookups/s (per table)",
                                 "HugeCTR TF+HPS, A100, whole model incl. MLP, ms (peer)"], rows))
-    fig, axes = plt.subplots(1, len(plot), figsize=(5 * len(plot), 3.8), squeeze=False)
-    for ax, ((gpu, dim), rs) in zip(axes[0], sorted(plot.items())):
+    gpus = sorted({g for g, _ in plot})
+    dims = sorted({d for _, d in plot})
+    fig, axes = plt.subplots(len(gpus), len(dims), figsize=(5.5 * len(dims), 4.2 * len(gpus)), squeeze=False)
+    for (gpu, dim), rs in sorted(plot.items()):
+        ax = axes[gpus.index(gpu)][dims.index(dim)]
         rs = sorted(rs, key=lambda r: r["batch"])
         xs = [r["batch"] for r in rs]
-        ax.plot(xs, [r["server_ms"] for r in rs], "o-", color=OURS, label="ParameterServer.lookup, GPU tier")
+        if any(r.get("many_ms") is not None for r in rs):
+            ax.plot(xs, [r.get("many_ms", float("nan")) for r in rs], "*-", color="#9467bd",
+                    label="ParameterServer.lookup_many, GPU tier")
+            ax.plot(xs, [r.get("bare_many_ms", float("nan")) for r in rs], ":", color=FLOOR,
+                    label="bare cache kernels, all tables (floor of lookup_many)")
+        ax.plot(xs, [r["server_ms"] for r in rs], "o-", color=OURS, label="ParameterServer.lookup per table, GPU tier")
         ax.plot(xs, [r["host_io_ms"] for r in rs], "s-", color=OURS2, label="GPU tier, host keys and rows")
         ax.plot(xs, [r["cpu_tier_ms"] if r.get("cpu_tier_ms") is not None else float("nan") for r in rs], "^-",
                 color="#2ca02c", label="CPU tier")
-        ax.plot(xs, [r["bare_ms"] for r in rs], "--", color=FLOOR, label="bare cache kernel (floor)")
+        ax.plot(xs, [r["bare_ms"] for r in rs], "--", color=FLOOR, label="bare cache kernel per table (floor)")
         hb = sorted(hugectr)
         ax.plot(hb, [hugectr[b] for b in hb], "D", color=PEER,
                 label="HugeCTR TF+HPS, A100, whole model incl. MLP (peer)")
@@ -482,6 +495,35 @@ def sec_hps_server_gpu(out: Path) -> str:
         ax.set_title(f"{gpu}, dim {dim}, 100 % hits", fontsize=10)
         ax.legend(fontsize=7)
     return runs_table(names) + "\n" + md + save(fig, out, "hps_server_gpu")
+
+
+def sec_keras_rs(out: Path) -> str:
+    names = RUNS["keras_rs"]
+    rows, plot = [], {}
+    for n in names:
+        d = load(n)
+        c, t = field(d, "config", file=n), field(d, "times_s", file=n)
+        med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
+        machine, _ = hardware(n, d)
+        for what in ("step", "forward"):
+            rows.append([f"`{machine}`", f"{c['rows']:,} x {c['dim']}", f"{c['batch']:,}", c["optimizer"], what,
+                         num(med[f"keras_rs_{what}"]), num(med[f"embedlab_{what}"]),
+                         f"**{num(field(d, 'median_ratio_keras_rs_over_embedlab', what, file=n))}x**",
+                         f"{d['largest_relative_loss_difference']:.1e}" if what == "step" else ""])
+        plot[machine] = med
+    md = table(["machine", "26 tables of", "batch", "optimizer", "timed", "Keras-RS ms (peer)", "EmbedLab ms",
+                "ratio (median of repeats)", "largest relative loss difference"], rows)
+    notes = [f"`{n}`: {load(n)['config']['note']}" for n in names if load(n).get("config", {}).get("note")]
+    if notes:
+        md += "\nNotes recorded with the runs: " + "; ".join(notes) + "\n"
+    fig, axes = plt.subplots(1, len(plot), figsize=(6 * len(plot), 3.4), squeeze=False)
+    for ax, (machine, med) in zip(axes[0], sorted(plot.items())):
+        bars(ax, ["train step", "forward"], [
+            ("Keras-RS DistributedEmbedding (peer)", [med["keras_rs_step"], med["keras_rs_forward"]], PEER),
+            ("embedlab.keras_rs.DistributedEmbedding", [med["embedlab_step"], med["embedlab_forward"]], OURS)],
+             "ms, median of repeats (lower is better)")
+        ax.set_title(machine, fontsize=10)
+    return runs_table(names) + "\n" + md + save(fig, out, "keras_rs")
 
 
 def sec_ftrl_gpu(out: Path) -> str:
@@ -499,7 +541,7 @@ def sec_ftrl_gpu(out: Path) -> str:
                 "PyTorch backward + FTRL written out ms (peer)", "ratio", "max abs difference"], rows)
     fig, axes = plt.subplots(1, len(plot), figsize=(6 * len(plot), 3.4), squeeze=False)
     for ax, (gpu, rs) in zip(axes[0], sorted(plot.items())):
-        bars(ax, [f"dim {r['dim']}, {r['keys_per_lookup']} key(s)" for r in rs], [
+        bars(ax, [f"dim {r['dim']}\n{r['keys_per_lookup']} key(s) per lookup" for r in rs], [
             ("PyTorch embedding_bag backward + FTRL (peer)", [r["torch_ms"] for r in rs], PEER),
             ("EmbedLab fused backward + FTRL", [r["embedlab_ms"] for r in rs], OURS)], "ms per step (lower is better)")
         ax.set_title(gpu, fontsize=10)

@@ -282,7 +282,7 @@ def atomic_set(paths: Sequence, *, fsync: bool = False):
         A context manager yielding the list of temporary `Path`s, in the order of `paths`.
 
     Raises:
-        FileNotFoundError naming the target when the block left a temporary path empty.
+        FileNotFoundError: the block left a temporary path empty (naming the target).
 
     Example:
         >>> import tempfile
@@ -397,11 +397,11 @@ def read_file_list(path, *, check_exists: bool = True) -> list[Path]:
         check_exists: also check that every listed file exists.
 
     Returns:
-        The listed files as `Path`s, relative ones resolved as above.
+        The listed files as `Path` objects, relative ones resolved as above.
 
     Raises:
-        FormatError naming the list and the line: a missing list, a bad count line, a count
-        that disagrees with the lines, or (with `check_exists`) a listed file that does not exist.
+        FormatError: a missing list, a bad count line, a count that disagrees with the lines, or
+            (with `check_exists`) a listed file that does not exist (naming the list and the line).
 
     Example:
         >>> import tempfile

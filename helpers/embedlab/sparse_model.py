@@ -15,8 +15,8 @@ for state this one does not hold: the plugin layer's ``save`` (one checksummed f
 :mod:`embedlab.plugin.checkpoint`) and SOK's ``dump`` (tables with their optimizer slots,
 :mod:`embedlab.sok.checkpoint`).
 
-Writes are atomic and durable (a temporary folder, flushed to disk, then renamed into place
-with :func:`embedlab._io.atomic_dir`: a crash or a power loss leaves the previous model
+Writes are atomic and durable (a temporary folder, flushed to disk, then renamed into place:
+a crash or a power loss leaves the previous model
 intact); a failed write (a full disk, say) raises an `OSError` naming the file and keeping the
 operating system's error number. Reads check that the files agree in length and with the
 expected dim, and that no key appears twice (a reader could not tell which row is meant, and

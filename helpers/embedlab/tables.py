@@ -13,8 +13,10 @@ and a `tf.Variable` (or a Keras variable) built from either keeps that buffer, s
 variables adopt their initial value's buffer. `assign(variable, value)` (op `EmbedLabAssignTable`)
 gives a table a new value and keeps it there: in place when no one else holds the buffer, else in
 a new mapping.
+
 What is placed (created with `aligned`, `zeros` or `initializer`; a whole new value goes in with
 `assign`):
+
 - `EmbeddingLayer`'s and `FusedEmbedding`'s tables;
 - the state `embedlab.optimizers` keeps for a table (Adam's moments, Adagrad's accumulator;
   written back on Keras loading);
@@ -22,6 +24,7 @@ What is placed (created with `aligned`, `zeros` or `initializer`; a whole new va
   writes and model loading write them in place);
 - `embedlab.sok`'s shards (`sok.Variable`), the first-generation layers' tables and
   `OptimizerWrapper`'s state of a static shard (`sok.load`, `Saver.restore_from_file`).
+
 Not placed: `sok.DynamicVariable` (it grows by concatenation), the tutorials' plain TensorFlow
 tables. The lookups read the tables where they are; the sparse optimizers update the rows in
 place, so training keeps a table where it is, except the Session's Global MomentumSGD / Nesterov

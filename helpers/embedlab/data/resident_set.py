@@ -76,7 +76,7 @@ def peak_rss(fn, *args, preload=(), **kwargs):
             memory counts as base, not as the work's.
 
     Raises:
-        RuntimeError with the child's error output if `fn` failed.
+        RuntimeError: `fn` failed (the message holds the child's error output).
     """
     if "." in fn.__qualname__.split("<locals>")[0] and "<locals>" in fn.__qualname__:
         raise ValueError(f"peak_rss: {fn.__qualname__} is a local function; pass a module-level one")

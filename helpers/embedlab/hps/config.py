@@ -12,7 +12,7 @@ The file is the one HugeCTR's HPS (TensorFlow plugin, Triton backend) reads::
 Every field HugeCTR documents is recognised. Fields that steer this implementation are checked
 (a bad value raises :class:`HPSConfigError` naming the field, e.g. ``models[0].gpucacheper``).
 Fields that mean nothing here (GPU worker buffers, CUDA streams, TLS, shared memory, Kafka) and
-fields nobody knows are accepted but *reported*: :attr:`HPSConfig.report` lists them, and
+fields nobody knows are accepted but *reported*: ``HPSConfig.report`` lists them, and
 :func:`load_config` logs one warning naming them all.
 """
 from __future__ import annotations

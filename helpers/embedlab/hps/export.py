@@ -77,7 +77,7 @@ def dense_model(layers, input_width: int, *, name: str = "tf_dense_model"):
     Args:
         layers: callables (Keras layers) applied one after another.
         input_width: the width of the model's input, ``[batch, input_width]`` float32, named
-            ``dense_input`` (:data:`ONNX_INPUT`).
+            ``dense_input`` (``ONNX_INPUT``).
         name: the Keras model's name.
 
     Returns:
@@ -677,7 +677,7 @@ def export_model(out_dir, dense, keys, vectors, *, model_name: str, keys_per_sam
 
     The export is atomic as a whole: it is built and checked in a hidden folder beside
     ``out_dir`` (the files name their final paths), then swapped in for the previous export in
-    one rename (:func:`embedlab._io.atomic_dir`). A reader sees the old export or the new one;
+    one rename. A reader sees the old export or the new one;
     an export that fails or is killed leaves the old one as it was, and the next export removes
     a killed one's folder. The folder is replaced whole: what was written from the previous
     export into it (a Triton repository, ``serve/``, ``triton.log``) goes with it.

@@ -347,7 +347,7 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
 
     @property
     def table_optimizers(self) -> dict:
-        """Table name -> the `embedlab.optimizers` instance that trains it (None: the model's;
+        """Table name -> the `embedlab.optimizers` instance that trains it (None for the model's;
         with sharding, the instance inside the `sok.OptimizerWrapper` that holds the shards' state)."""
         opts = self._optimizers if self._sharding is None else [w.optimizer for w in self._shard_optimizers]
         return {t.name: None if g is None else opts[g]
@@ -382,6 +382,7 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
 
     @property
     def variables(self):
+        """The layer's variables and its fused optimizers' state (which is not weights)."""
         # The fused optimizers' state (step counters, slots) is captured by the backward that
         # applies it: whatever collects a model's state through `variables` (model.export's
         # SavedModel) must find it here. It is not a weight of the layer.

@@ -158,6 +158,7 @@ class DeepFM(keras.Model):
 
     @classmethod
     def from_config(cls, config):
+        """The model from `get_config()`'s dict (the embedding optimizer deserialized)."""
         config = dict(config)
         opt = config.pop("embedding_optimizer", None)
         if isinstance(opt, dict):

@@ -1,6 +1,6 @@
 """HugeCTR's TensorFlow embedding plugin, as a Keras 3 layer on EmbedLab's compiled ops.
 
-The workflow of HugeCTR's `hugectr_tf_ops` (v2.3/v3.0), rebuilt on today's Keras:
+The workflow of HugeCTR's `hugectr_tf_ops` (v2.3/v3.0), rebuilt on today's Keras::
 
     import embedlab.plugin as plugin
     plugin.init(devices=["/CPU:0", "/CPU:1"], seed=0)      # callable again, any time

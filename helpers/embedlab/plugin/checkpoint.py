@@ -4,7 +4,7 @@ Format: b"EMBLABPL", u32 version, u32 header length, a JSON header (vocabulary_s
 embedding_vec_size, dtype, payload bytes and CRC32, the layer's name), the header's own CRC32,
 then the float32 little-endian rows ``[vocabulary_size, embedding_vec_size]`` in key order.
 Device count and embedding_type are not part of the file, so it restores into a layer sharded
-differently. The file is written atomically and fsync'ed (:func:`embedlab._io.atomic_file`).
+differently. The file is written atomically (to a temporary name, fsync'ed, renamed into place).
 """
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def read_table(path, vocabulary_size: int, embedding_vec_size: int, who: str) ->
         who: names the reader in errors (e.g. "EmbeddingLayer 'emb'").
 
     Raises:
-        CheckpointError naming `who`, the file and the problem.
+        CheckpointError: naming `who`, the file and the problem.
     """
     path = Path(path)
 

@@ -364,8 +364,8 @@ class ExternalRedis:
     """A Redis this process did not start: the one ``EMBEDLAB_REDIS_ADDRESS`` names.
 
     It is used (the HPS writes its tables there as ``hps_et.<model>.<table>/p<partition>`` hashes,
-    rewritten at every server start) but never stopped or killed: :meth:`kill` refuses, and
-    :meth:`stop` leaves it running. Build it with :func:`hps_redis`, which checks it first.
+    rewritten at every server start) but never stopped or killed: ``kill()`` refuses, and
+    ``stop()`` leaves it running. Build it with :func:`hps_redis`, which checks it first.
 
     Args:
         address: ``host:port``, or a comma-separated node list of a Redis cluster.

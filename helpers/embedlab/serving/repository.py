@@ -2,7 +2,7 @@
 
 The served model is a folder that `embedlab.hps.export.export_model` writes (notebook 05 writes one):
 a folder with a `serving.json` manifest naming the HPS JSON, the sparse model, the ONNX dense
-model and the SavedModels. The repository follows HugeCTR's "HPS + Triton ensemble" sample:
+model and the SavedModels. The repository follows HugeCTR's "HPS + Triton ensemble" sample::
 
     hps_embedding   python backend: KEYS (INT64), NUMKEYS (INT32) -> OUTPUT0 (FP32 vectors) and
                     DEFAULTED_KEYS (INT32, per sample: keys no tier holds, answered with the
@@ -56,7 +56,7 @@ def verify_manifest_files(manifest: ServingManifest) -> None:
     not read again.
 
     Raises:
-        embedlab.hps.export.ManifestFileError (a ValueError): naming the manifest and the file.
+        embedlab.hps.export.ManifestFileError: (a ValueError) naming the manifest and the file.
 
     Example (+SKIP: it needs an export):
         >>> verify_manifest_files(load_manifest("hps_triton"))    # doctest: +SKIP
@@ -72,7 +72,7 @@ def load_manifest(path) -> ServingManifest:
     Raises:
         FileNotFoundError: no manifest there (run notebook 05 first), or a file it names is missing.
         ValueError: a field is missing or has the wrong type, naming the field;
-            `embedlab.hps.export.ManifestFileError` (a ValueError): a recorded file is missing or
+            embedlab.hps.export.ManifestFileError: (a ValueError) a recorded file is missing or
             differs from its record (an interrupted or mixed export), naming the file.
 
     Example (+SKIP: it needs an export):

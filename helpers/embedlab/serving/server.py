@@ -232,17 +232,17 @@ class TritonServer:
     # -- addresses ---------------------------------------------------------------------------
     @property
     def http_url(self) -> str:
-        """"127.0.0.1:<port>" for `tritonclient.http.InferenceServerClient`."""
+        """The address ``127.0.0.1:<port>`` for `tritonclient.http.InferenceServerClient`."""
         return f"127.0.0.1:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        """"127.0.0.1:<port>" for `tritonclient.grpc.InferenceServerClient`."""
+        """The address ``127.0.0.1:<port>`` for `tritonclient.grpc.InferenceServerClient`."""
         return f"127.0.0.1:{self.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        """The metrics endpoint: tritonserver's metrics with the HPS statistics current at each scrape."""
+        """The metrics endpoint, tritonserver's metrics with the HPS statistics current at each scrape."""
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property

@@ -237,7 +237,7 @@ class Embedding:
 
     @property
     def rows_in_use(self) -> int:
-        """Rows a training step may have touched: every row of a one-hot table, else the rows
+        """Rows a training step may have touched, every row of a one-hot table, else the rows
         handed out so far (the watermark). A Global update skips the rows past it."""
         return self.capacity if self.one_hot else self.watermark
 
@@ -249,7 +249,7 @@ class Embedding:
         return row % self.S, row // self.S
 
     def translate_train(self, splits, keys, batch):
-        """Rows of a training batch's keys (inserting new ones); raises KeyError_."""
+        """Rows of a training batch's keys (inserting new ones); raises ``EmbeddingKeyError``."""
         if self.one_hot:
             return self._one_hot_rows(splits, keys, batch)
         with self.lock:

@@ -1,6 +1,6 @@
 """HugeCTR v2.3's learning-rate schedule: `LearningRateScheduler` and `get_learning_rate_scheduler`.
 
-A training script drives it, one step per iteration, and hands the rate to the Session:
+A training script drives it, one step per iteration, and hands the rate to the Session::
 
     from embedlab.session import Session, get_learning_rate_scheduler
     lr_sch = get_learning_rate_scheduler("wdl.json")
@@ -120,8 +120,9 @@ def get_learning_rate_scheduler(configure_file) -> LearningRateScheduler:
         A fresh `LearningRateScheduler` (step 0).
 
     Raises:
-        FileNotFoundError: no such file; ModelError: not JSON, or a clause or field missing or
-        of the wrong kind (named); ValueError: a value out of range (named).
+        FileNotFoundError: no such file.
+        ModelError: not JSON, or a clause or field missing or of the wrong kind (named).
+        ValueError: a value out of range (named).
     """
     path = Path(configure_file)
     if not path.is_file():

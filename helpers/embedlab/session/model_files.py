@@ -62,7 +62,7 @@ def write_dense(path, arrays, bn_stats=None) -> Path:
         `Path(path)`.
 
     Raises:
-        OSError naming the file, with the OS's errno (ENOSPC on a full disk).
+        OSError: naming the file, with the OS's errno (ENOSPC on a full disk).
 
     Example:
         >>> import tempfile
@@ -80,7 +80,7 @@ def read_dense(path, shapes, layer_names=None):
     """Reads a dense model file into arrays of `shapes` (model-file order).
 
     Raises:
-        DenseModelError when the file's size differs from what the shapes need, naming both.
+        DenseModelError: the file's size differs from what the shapes need (naming both).
     """
     path = Path(path)
     if not path.is_file():

@@ -124,7 +124,7 @@ def read_norm_block(path, data: DataSpec, i64_key: bool) -> Block:
     with.
 
     Raises:
-        FormatError naming the file, the record (0-based) and what is wrong.
+        FormatError: naming the file, the record (0-based) and what is wrong.
     """
     raw = np.fromfile(path, dtype=np.uint8)
     check, n, ld, dd, sn, pos = read_header(path, raw)
@@ -286,7 +286,7 @@ class DataReader:
         reading starts in the background at once.
 
         Raises:
-            FormatError naming the list and the line of a missing data file.
+            FormatError: a missing data file (naming the list and the line).
         """
         fl = str(file_list) if file_list else self.file_list
         if not fl:

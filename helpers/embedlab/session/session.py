@@ -1,5 +1,7 @@
 """`Session`: HugeCTR v2.3's Python training interface (the solver arguments: `solver.py`).
 
+A training script::
+
     from embedlab.session import Session, solver_parser_helper
     solver = solver_parser_helper(batchsize=16384, repeat_dataset=False)
     sess = Session(solver, "wdl.json", True, "./temp_embedding")
@@ -265,8 +267,9 @@ class Session:
         exhausted (`repeat_dataset=False`); the next `set_file_list_source` continues.
 
         Raises:
-            a `FormatError` (bad file), or a `KeyError_` (a key the tables cannot place),
-            naming the file list, the file / key and slot; that batch is not trained.
+            FormatError: a bad file (naming the file list and the file); that batch is not trained.
+            EmbeddingKeyError: a key the tables cannot place (naming the key and the slot); that
+                batch is not trained.
         """
         batch = self.reader_train.next_batch()       # translated by the reader's KeyTranslation stage
         if batch is None:
@@ -339,8 +342,8 @@ class Session:
             The written paths: the dense model file, then the sparse model folders.
 
         Raises:
-            OSError naming the file that could not be written, with the OS's errno (ENOSPC on a
-            full disk) and the OS's error as ``__cause__``.
+            OSError: a file could not be written (naming it, with the OS's errno, e.g. ENOSPC on
+                a full disk, and the OS's error as ``__cause__``).
 
         Example:
             >>> sess.download_params_to_files("ck", 100)            # doctest: +SKIP

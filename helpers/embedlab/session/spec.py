@@ -210,10 +210,10 @@ def parse_model(src, *, solver_override: bool = True) -> ModelSpec:
         `ModelSpec`.
 
     Raises:
-        ModelError naming the file, the layer (name and position) and the field; e.g. an
-        unknown layer type (the message lists the known ones), a `bottom` that names no earlier
-        `top`, a `Reshape` whose `leading_dim` does not divide, a `Concat` of tensors with
-        different row counts, a `Slice` range outside its input.
+        ModelError: naming the file, the layer (name and position) and the field; e.g. an
+            unknown layer type (the message lists the known ones), a `bottom` that names no
+            earlier `top`, a `Reshape` whose `leading_dim` does not divide, a `Concat` of tensors
+            with different row counts, a `Slice` range outside its input.
 
     Example (the dict a JSON file holds; `parse_model("wdl.json")` reads one from a file):
         >>> data = {"name": "data", "type": "Data", "label": {"top": "label", "label_dim": 1},

@@ -1,7 +1,7 @@
 """The inputs of the Session's compiled steps: one named structure, its signature and its
 values built here and nowhere else.
 
-A training step takes
+A training step takes::
 
     {"label": [n, label_dim] float32, "dense": [n, dense_dim] float32,
      "iteration": int64 (1-based), "lr_dense": float32, "lr_embeddings": [E] float32,

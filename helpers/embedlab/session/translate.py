@@ -24,7 +24,7 @@ class KeyTranslation:
     """Translates the keys of a batch into table rows for each embedding (see the module docstring).
 
     Args:
-        embeddings: the Session's `Embedding`s.
+        embeddings: the Session's `Embedding` objects.
         data: the Data layer (`DataSpec`): which of the batch's sparse inputs feeds each embedding.
     """
 

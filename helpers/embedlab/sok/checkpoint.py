@@ -1,6 +1,6 @@
 """`dump` / `load` (whole tables, gathered and re-sharded) and `export` / `assign` (this shard).
 
-A dump is one folder, written by rank 0 into a temporary folder and renamed into place:
+A dump is one folder, written by rank 0 into a temporary folder and renamed into place::
 
     meta_info                 JSON: tables (name, rows, dim, mode, kind), optimizer and its slots,
                               the number of workers that wrote it, and its own checksum
@@ -223,10 +223,10 @@ def dump(path, vars, optimizer=None):
         optimizer: None or the `sok.OptimizerWrapper` that trains them.
 
     Raises:
-        RuntimeError on every worker when the write fails (the folder keeps its previous
-        version): on the writing rank (rank 0) chained to its own error (``__cause__``, e.g. an
-        `OSError` naming the file with errno ENOSPC or ENOTDIR), on the others naming rank 0
-        and its OS error.
+        RuntimeError: on every worker when the write fails (the folder keeps its previous
+            version); on the writing rank (rank 0) chained to its own error (``__cause__``, e.g.
+            an `OSError` naming the file with errno ENOSPC or ENOTDIR), on the others naming
+            rank 0 and its OS error.
 
     Example (one worker; ``sok.init()`` first):
         >>> sok.dump("/tmp/ckpt", [v], opt)                         # doctest: +SKIP
@@ -282,9 +282,9 @@ def load(path, vars, optimizer=None):
     number of workers (collective). Checks every shape first and changes nothing on error.
 
     Raises:
-        ValueError naming the file, the table and both shapes when they differ;
-        DumpFormatError (a ValueError) naming the file when one is truncated or corrupt (a
-        checksum differs, `meta_info` is not valid JSON, keys that do not ascend).
+        ValueError: naming the file, the table and both shapes when they differ.
+        DumpFormatError: (a ValueError) naming the file when one is truncated or corrupt (a
+            checksum differs, `meta_info` is not valid JSON, keys that do not ascend).
     """
     path = Path(path)
     vars = list(vars)

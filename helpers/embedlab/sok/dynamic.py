@@ -118,7 +118,9 @@ class _UnreadableHandle:
 class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable):
     """This worker's part of a hash-indexed embedding table that grows; read and written by key.
 
-    Args (SOK's signature, in SOK's order):
+    The arguments are SOK's, in SOK's order.
+
+    Args:
         dimension: the embedding size.
         initializer: "random" (uniform +-0.05, the default; None means it too), "normal",
             "zeros", a number as a string ("13"), or a callable(shape, dtype) such as a Keras
@@ -129,11 +131,13 @@ class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable
         constraint: must be None (SOK's optimizers never apply one).
         trainable: True.
         key_type: tf.int64 (default) or tf.int32; any key of that type is valid, including 0,
-            -1 and 2**63-1. dtype: tf.float32.
+            -1 and 2**63-1.
+        dtype: tf.float32.
         mode: "distributed" (default; key k on rank k mod n) or "localized:<rank>".
-        init_capacity: rows allocated at first (grows by doubling); max_capacity: most keys one
-            worker may hold (0 or None: unbounded). SOK's HKV placement options
-            (max_hbm_for_vectors, ...) are accepted and change nothing (host memory).
+        init_capacity: rows allocated at first (grows by doubling).
+        max_capacity: most keys one worker may hold (0 or None: unbounded).
+        **kwargs: SOK's HKV placement options (max_hbm_for_vectors, ...), accepted; they change
+            nothing (host memory).
 
     Reading and writing, as in SOK, by key: `tf.nn.embedding_lookup(v, keys)`, `tf.gather(v, keys)`,
     `tf.nn.embedding_lookup_sparse(v, sp_ids, sp_weights)` and `v.sparse_read(keys)` return the
@@ -206,7 +210,7 @@ class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable
 
     @property
     def handle(self):
-        """The resource handle of this worker's rows (by position: see `storage`)."""
+        """The resource handle of this worker's rows, by position (see `storage`)."""
         return self._rows_handle
 
     # ---- SOK's public attributes ----------------------------------------------------------
@@ -279,7 +283,7 @@ class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable
 
     @property
     def storage(self):
-        """This worker's rows BY POSITION as a plain `tf.Variable` sharing the table's memory: what
+        """This worker's rows BY POSITION as a plain `tf.Variable` sharing the table's memory, which
         `sok.OptimizerWrapper` updates (a read's gradient indexes these rows). Row i holds the key
         that the hash index maps to i; read the table by key instead."""
         if self._storage is None:
@@ -372,94 +376,124 @@ class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable
                                   f"{_USE_INSTEAD}")
 
     def value(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("value()")
 
     def read_value(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("read_value()")
 
     def read_value_no_copy(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("read_value_no_copy()")
 
     def _read_variable_op(self, no_copy=False):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("reading the whole table (read_value)")
 
     def _dense_var_to_tensor(self, dtype=None, name=None, as_ref=False):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("tf.convert_to_tensor (and every op or operator that takes the table as a tensor)")
 
     def numpy(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("numpy()")
 
     def __array__(self, dtype=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("np.asarray / __array__")
 
     def eval(self, session=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("eval()")
 
     @property
     def initial_value(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("initial_value")
 
     def initialized_value(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("initialized_value()")
 
     def __getitem__(self, slice_spec):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("indexing (v[...])")
 
     def gather_nd(self, indices, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("gather_nd()")
 
     def assign(self, value, use_locking=None, name=None, read_value=True):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("assign() of a dense value")
 
     def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("assign_add() of a dense value (use scatter_add by key)")
 
     def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("assign_sub() of a dense value (use scatter_sub by key)")
 
     def scatter_max(self, sparse_delta, use_locking=False, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_max()")
 
     def scatter_min(self, sparse_delta, use_locking=False, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_min()")
 
     def scatter_mul(self, sparse_delta, use_locking=False, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_mul()")
 
     def scatter_div(self, sparse_delta, use_locking=False, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_div()")
 
     def batch_scatter_update(self, sparse_delta, use_locking=False, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("batch_scatter_update()")
 
     def scatter_nd_sub(self, indices, updates, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_nd_sub()")
 
     def scatter_nd_add(self, indices, updates, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_nd_add()")
 
     def scatter_nd_update(self, indices, updates, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_nd_update()")
 
     def scatter_nd_max(self, indices, updates, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_nd_max()")
 
     def scatter_nd_min(self, indices, updates, name=None):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("scatter_nd_min()")
 
     def _strided_slice_assign(self, *args, **kwargs):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("sliced assignment (v[...].assign)")
 
     def count_up_to(self, limit):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("count_up_to()")
 
     def __int__(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("int()")
 
     def __float__(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("float()")
 
     def __bool__(self):
+        """Not supported, as the table is read and written by key; raises NotImplementedError."""
         self._positional("bool()")
 
     def __deepcopy__(self, memo):

@@ -215,7 +215,7 @@ class ClusterJob:
 
         Raises:
             ChunkFailedError: a task failed for good (its workers died more often than
-            `distributed.scheduler.allowed-failures`), naming the job and the task's piece.
+                `distributed.scheduler.allowed-failures`), naming the job and the task's piece.
         """
         from distributed import as_completed
         from distributed.scheduler import KilledWorker

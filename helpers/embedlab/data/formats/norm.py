@@ -1,6 +1,6 @@
 """HugeCTR's "Norm" binary data files, with their file lists and keysets.
 
-Layout (little-endian, byte-compatible with HugeCTR's `DataReader`):
+Layout (little-endian, byte-compatible with HugeCTR's `DataReader`)::
 
     header   8 x int64 {error_check, number_of_records, label_dim, dense_dim, slot_num, 0, 0, 0}
     record   label_dim x float32, dense_dim x float32, then per slot: int32 nnz, nnz x key
@@ -10,7 +10,7 @@ With error_check=1 every record, the header included, is framed as `int32 length
 the record), the record bytes, then one checksum byte: the record's bytes summed as signed chars,
 wrapping (what HugeCTR's `CheckSum` reader verifies).
 
-A file list (`write_file_list` / `read_file_list`, from `embedlab._io`) names the data files of
+A file list (`write_file_list` / `read_file_list`) names the data files of
 one training pass; a keyset holds the unique keys those files touch (model oversubscription).
 
 Example:

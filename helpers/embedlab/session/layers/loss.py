@@ -11,7 +11,7 @@ __all__ = ["BinaryCrossEntropyLoss"]
 
 class BinaryCrossEntropyLoss(Layer):
     """Bottoms [logit `[batch, 1]`, label]; `loss(...)` is the mean sigmoid cross-entropy plus
-    HugeCTR's regularizer term (L2: lambda / (2 batch) sum w^2; L1: lambda / batch sum |w|)."""
+    HugeCTR's regularizer term (L2: ``lambda / (2 batch) sum w^2``; L1: ``lambda / batch sum |w|``)."""
     type = "BinaryCrossEntropyLoss"
     is_loss = True
 

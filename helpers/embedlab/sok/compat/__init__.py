@@ -1,6 +1,8 @@
 """SOK's compatibility wing: SparseOperationKit v1's API, module paths and Horovod calls, for code
 written against NVIDIA's SOK (its getting-started guide, HugeCTR's tests and demo models).
 
+Its modules::
+
     v1            the first-generation API: Init, DistributedEmbedding, All2AllDenseEmbedding,
                   split_embedding_variable_from_others, OptimizerScope, Saver, get_embedding
                   (exported by `embedlab.sok` itself, e.g. `sok.DistributedEmbedding`)

@@ -3,7 +3,7 @@
 SparseOperationKit's code runs under `horovodrun -np N` and calls `horovod.tensorflow`; here the
 workers are `python -m embedlab.sok.launch -n N` processes of a `MultiWorkerMirroredStrategy`,
 so `import embedlab.sok.compat.horovod as hvd` in place of `import horovod.tensorflow as hvd` gives
-that code the same answers:
+that code the same answers::
 
     init()  rank()  size()  local_rank()  local_size()  shutdown()
     allreduce(tensor, average=None, op=None)    Sum / Average (default) / Min / Max; an

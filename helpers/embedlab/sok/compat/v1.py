@@ -1,5 +1,7 @@
 """SOK's first-generation API (its getting-started guide), on the same machinery.
 
+The guide's training step::
+
     with strategy.scope():
         sok.Init(global_batch_size=65536)
         model = DemoModel(...)        # layers: sok.All2AllDenseEmbedding / sok.DistributedEmbedding

@@ -1,6 +1,6 @@
 """SOK's `TFDistributedEmbedding` (`sparse_operation_kit.embeddings.tf_distributed_embedding`,
 HugeCTR v23.09.00): SOK's TensorFlow-only reference layer, used by HugeCTR's DenseDemo and DLRM
-models to check SOK's layers against plain TensorFlow.
+models to check SOK's layers against plain TensorFlow::
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()   # or any tf.distribute strategy
     with strategy.scope():
