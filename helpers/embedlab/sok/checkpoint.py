@@ -193,7 +193,7 @@ def _slot_items(var, optimizer):
     return sorted(optimizer.slots(var).items())
 
 
-def _barrier_status(ok: bool, what: str, err: BaseException | None = None):
+def barrier_status(ok: bool, what: str, err: BaseException | None = None):
     """Every worker learns whether the writing rank's write worked (and waits for it).
 
     A rank whose write failed raises a RuntimeError chained to its own error (`err`,
@@ -274,7 +274,7 @@ def dump(path, vars, optimizer=None):
                                            f"{e.strerror or e}") from e
         except Exception as e:  # every worker must learn of it, or they would wait for rank 0
             ok, err = False, e
-    _barrier_status(ok, f"dump to {path}", err)
+    barrier_status(ok, f"dump to {path}", err)
 
 
 def load(path, vars, optimizer=None):

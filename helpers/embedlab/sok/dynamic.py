@@ -8,7 +8,7 @@ optimizer slots the wrapper registered) grows, at least doubling, new rows drawn
 initializer. `max_capacity` bounds the keys a worker may hold: past it, an error names the
 table and the key.
 
-The first-generation layers' `use_hashtable=True` uses the same index (`_LocalHashIndex`) over
+The first-generation layers' `use_hashtable=True` uses the same index (`LocalHashIndex`) over
 a table of fixed capacity.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _hash_table_module():
     return hash_table
 
 
-class _LocalHashIndex:
+class LocalHashIndex:
     """This worker's key -> row index (a TF resource), bounded by `max_size` keys (0: none)."""
 
     def __init__(self, max_size: int, table_name: str, initial_capacity: int = 1024):
@@ -199,7 +199,7 @@ class DynamicVariable(_SokPlacementNames, resource_variable_ops.ResourceVariable
         self.init_capacity = max(1, int(kwargs.get("init_capacity") or 1024))
         self._init_rows = _initializer_fn(initializer, self.dim)
         self.initializer_name = initializer
-        self.hash_index = _LocalHashIndex(self.max_capacity, self.table_name, self.init_capacity)
+        self.hash_index = LocalHashIndex(self.max_capacity, self.table_name, self.init_capacity)
         self._companions = []   # (slot variable, rows -> initial rows) that grow with the table
         self._storage = None
         with tf.init_scope(), tf.device(ctx.device):

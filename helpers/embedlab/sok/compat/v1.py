@@ -108,8 +108,8 @@ class _EmbeddingBase(keras.layers.Layer):
         v.m_var_name = _file_name(v)
         self._hash = None
         if self.use_hashtable:
-            from ..dynamic import _LocalHashIndex
-            self._hash = _LocalHashIndex(self.max_vocabulary_size_per_gpu, self.name)
+            from ..dynamic import LocalHashIndex
+            self._hash = LocalHashIndex(self.max_vocabulary_size_per_gpu, self.name)
             v.is_dynamic_index = True
             v.hash_index = self._hash
         self.built = True
@@ -266,7 +266,7 @@ class Saver:
     rank 0 (collective: every worker calls it)."""
 
     def dump_to_file(self, embedding_variable, filepath):
-        from ..checkpoint import gather, _barrier_status
+        from ..checkpoint import gather, barrier_status
         from ..._io import atomic_file
         keys, rows = _gather_legacy(embedding_variable)
         name = _file_name(embedding_variable)
@@ -280,7 +280,7 @@ class Saver:
                     rows.astype(np.float32).tofile(tmp)
             except Exception as e:
                 ok, err = False, e
-        _barrier_status(ok, f"Saver.dump_to_file to {filepath}", err)
+        barrier_status(ok, f"Saver.dump_to_file to {filepath}", err)
         if err is not None:
             raise err
 
