@@ -55,8 +55,7 @@ RUNS = {
     "session": ["session_amd-epyc-2c_2026-11-23T1907Z.json", "session_oversub_amd-epyc-2c_2026-11-23T1908Z.json"],
     "sok": ["sok_amd-epyc-2c_2026-11-23.json", "sok_2workers_amd-epyc-2c_2026-11-23.json",
             "sok_gpu_routing_nvidia-h100_2026-11-28T0216Z.json", "sok_gpu_routing_nvidia-h200_2026-11-28T0212Z.json"],
-    # Benchmarks with no recorded run yet: their sections show the method and the command, and a line saying so.
-    "plugin_layer": [],
+    "plugin_layer": ["plugin_layer_intel-xeon-2c_2026-11-28T0843Z.json"],
     "keras_rs": ["keras_rs_intel-xeon-2c_2026-11-28T0737Z.json"],
 }
 
