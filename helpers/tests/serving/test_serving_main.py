@@ -6,13 +6,10 @@ the variable. Real tritonserver, real Redis."""
 from __future__ import annotations
 
 import os
-import queue
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -20,7 +17,8 @@ import pytest
 
 from embedlab.services.redis_server import ADDRESS_ENV, PASSWORD_ENV
 from embedlab.serving import client_for, hps_stats, infer, predict
-from serving_export import MAX_BATCH, SLOTS, VOCAB_PER_SLOT, random_keys, seal_export
+from serve_command import ServeCommand
+from serving_export import SLOTS, VOCAB_PER_SLOT, random_keys, seal_export
 
 
 def _copy_export(export_dir, dst):
@@ -28,50 +26,6 @@ def _copy_export(export_dir, dst):
     for p in dst.glob("*.json"):
         p.write_text(p.read_text().replace(str(export_dir), str(dst)))
     return seal_export(dst)
-
-
-class _Serve:
-    """The command in its own session, its output read line by line."""
-
-    def __init__(self, export, tmp_path, env):
-        cmd = [sys.executable, "-m", "embedlab.serving", "--export", str(export), "--repository",
-               str(tmp_path / "repo"), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-               "--max-batch-size", str(MAX_BATCH)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self._q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self._q.put(line)
-        self._q.put(None)
-
-    def until(self, text: str, timeout: float = 180.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.lines.append(line)
-            if text in line:
-                return "".join(self.lines)
-        raise AssertionError(f"{text!r} not printed; output:\n{''.join(self.lines)}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            rc = self.proc.wait()
-        self.until("tritonserver stopped", timeout=5) if rc == 0 else None
-        return rc
 
 
 def _env(**kw):
@@ -100,7 +54,7 @@ def test_serve_uses_the_redis_of_the_variables(export_dir, reference, tmp_path, 
     from embedlab.services.redis_server import start_redis
     exp = _copy_export(export_dir, tmp_path / "export")
     with start_redis() as users:
-        s = _Serve(exp, tmp_path, _env(**{ADDRESS_ENV: users.address, PASSWORD_ENV: users.password}))
+        s = ServeCommand(exp, tmp_path / "repo", _env(**{ADDRESS_ENV: users.address, PASSWORD_ENV: users.password}))
         try:
             out = s.until("Ctrl-C stops it.")
             assert f"the Redis at {users.address} named by {ADDRESS_ENV}" in out, out
@@ -109,14 +63,14 @@ def test_serve_uses_the_redis_of_the_variables(export_dir, reference, tmp_path, 
             assert sum(users.client().hlen(k) for k in keys) == \
                 reference.ps.table_info(reference.manifest.model_name, 0)["rows"]
         finally:
-            rc = s.stop()
+            rc = s.stop(expect_stopped_line=True)
         assert rc == 0, "".join(s.lines)
         assert users.running and users.ping()           # the user's Redis is left running
 
 
 def test_serve_without_the_variables_starts_and_stops_a_local_redis(export_dir, reference, tmp_path, rng):
     exp = _copy_export(export_dir, tmp_path / "export")
-    s = _Serve(exp, tmp_path, _env())
+    s = ServeCommand(exp, tmp_path / "repo", _env())
     try:
         out = s.until("Ctrl-C stops it.")
         m = re.search(r"local redis-server started here \(pid (\d+)\) on (127\.0\.0\.1:\d+)", out)
@@ -124,7 +78,7 @@ def test_serve_without_the_variables_starts_and_stops_a_local_redis(export_dir, 
         pid = int(m.group(1))
         _check_answers(out, reference, rng)
     finally:
-        rc = s.stop()
+        rc = s.stop(expect_stopped_line=True)
     assert rc == 0, "".join(s.lines)
     deadline = time.monotonic() + 10
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:

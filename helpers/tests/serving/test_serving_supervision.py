@@ -8,26 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import psutil
-import pytest
 
 from embedlab.services.redis_server import ADDRESS_ENV, PASSWORD_ENV
 from embedlab.serving import client_for, infer
-from serving_export import MAX_BATCH, SLOTS, random_keys
+from serve_command import ServeCommand
+from serving_export import SLOTS, random_keys
 
 
 def _free_ports(n):
@@ -42,48 +39,10 @@ def _free_ports(n):
     return ports
 
 
-class _Serve:
-    """The command in its own session; stdout and stderr read line by line."""
-
-    def __init__(self, export, repo, ports, *extra):
-        env = {k: v for k, v in os.environ.items() if k not in (ADDRESS_ENV, PASSWORD_ENV)}
-        http, grpc, metrics = ports
-        cmd = [sys.executable, "-m", "embedlab.serving", "--export", str(export), "--repository", str(repo),
-               "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-               "--max-batch-size", str(MAX_BATCH), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        self._q: queue.Queue = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self._q.put(line)
-        self._q.put(None)
-
-    def until(self, text: str, timeout: float = 180.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.lines.append(line)
-            if text in line:
-                return "".join(self.lines)
-        raise AssertionError(f"{text!r} not printed; output:\n{''.join(self.lines)}")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            return self.proc.wait()
+def _serve(export, repo, ports, *extra):
+    """The command with no Redis of the user's in its environment (it starts its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in (ADDRESS_ENV, PASSWORD_ENV)}
+    return ServeCommand(export, repo, env, ports, *extra)
 
 
 def _all_gone(pids, seconds):
@@ -110,7 +69,7 @@ def _kill_left(pids):
 
 def test_sigkill_leaves_no_server_and_the_next_start_works(export_dir, tmp_path, rng, reference):
     ports = _free_ports(3)
-    s = _Serve(export_dir, tmp_path / "repo", ports)
+    s = _serve(export_dir, tmp_path / "repo", ports)
     try:
         out = s.until("Ctrl-C stops it.")
         triton = int(re.search(r"tritonserver pid (\d+)", out).group(1))
@@ -130,7 +89,7 @@ def test_sigkill_leaves_no_server_and_the_next_start_works(export_dir, tmp_path,
     assert not left, f"still running after their owner was SIGKILLed: {sorted(left)} (tritonserver {triton}, " \
                      f"redis-server {redis}, stubs {stubs})"
     assert secret_mode == 0o600, f"{secret} holds the Redis password with mode {secret_mode:o}"
-    s2 = _Serve(export_dir, tmp_path / "repo", ports)            # the same ports: nothing holds them
+    s2 = _serve(export_dir, tmp_path / "repo", ports)            # the same ports: nothing holds them
     try:
         out = s2.until("Ctrl-C stops it.")
         with client_for(re.search(r"HTTP\s+(127\.0\.0\.1:\d+)", out).group(1)) as c:
@@ -174,7 +133,7 @@ def _metric(url, name):
 
 def test_a_request_that_kills_tritonserver_costs_a_restart_not_the_service(export_dir, tmp_path, rng, reference):
     ports = _free_ports(3)
-    s = _Serve(export_dir, tmp_path / "repo", ports, "--tiers", "export")
+    s = _serve(export_dir, tmp_path / "repo", ports, "--tiers", "export")
     try:
         out = s.until("Ctrl-C stops it.")
         http = re.search(r"HTTP\s+(127\.0\.0\.1:\d+)", out).group(1)
