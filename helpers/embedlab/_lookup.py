@@ -26,7 +26,7 @@ from tensorflow.python.eager import tape as tape_lib
 from tensorflow.python.ops import resource_variable_ops
 
 from . import _native
-from .sparse_input import SparseInput, as_csr
+from .sparse_input import SparseInput, as_csr, is_dtype
 
 __all__ = ["as_variable", "is_dtype", "sparse_inputs", "watch", "on_cpu", "resource_forward",
            "training_lookup"]
@@ -50,18 +50,6 @@ def as_variable(table):
     if isinstance(value, tf.Variable) and hasattr(table, "handle"):
         return value
     return None
-
-
-def is_dtype(dtype, expected) -> bool:
-    """dtype == expected, answered by identity first: TensorFlow hands out one DType object per
-    type, and DType.__eq__ (Python) is slow enough to matter to an eager call that checks 26
-    tables a hundred times.
-
-    Example:
-        >>> is_dtype(tf.float32, tf.float32), is_dtype(tf.int64, tf.float32)
-        (True, False)
-    """
-    return dtype is expected or dtype == expected
 
 
 def sparse_inputs(ids, weights, where):

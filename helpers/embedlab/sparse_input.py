@@ -33,23 +33,29 @@ from . import _native
 __all__ = ["SparseInput", "as_csr"]
 
 
-def _is(dtype, expected) -> bool:
-    # Identity first: TensorFlow hands out one DType object per type, and DType.__eq__ (Python)
-    # is slow enough to matter to an eager call of many tables.
+def is_dtype(dtype, expected) -> bool:
+    """dtype == expected, answered by identity first: TensorFlow hands out one DType object per
+    type, and DType.__eq__ (Python) is slow enough to matter to an eager call that checks 26
+    tables a hundred times.
+
+    Example:
+        >>> is_dtype(tf.float32, tf.float32), is_dtype(tf.int64, tf.float32)
+        (True, False)
+    """
     return dtype is expected or dtype == expected
 
 
 def _keys(keys, where: str, arg: str = "ids") -> tf.Tensor:
     dtype = keys.dtype
-    if _is(dtype, tf.int64):
+    if is_dtype(dtype, tf.int64):
         return keys
-    if _is(dtype, tf.int32):  # lossless; everything inside is int64
+    if is_dtype(dtype, tf.int32):  # lossless; everything inside is int64
         return tf.cast(keys, tf.int64)
     raise ValueError(f"{where}: {arg} must be int64 (or int32) keys, got {dtype.name}")
 
 
 def _weights(w, where: str) -> tf.Tensor:
-    if not _is(w.dtype, tf.float32):
+    if not is_dtype(w.dtype, tf.float32):
         raise ValueError(f"{where}: weights must be float32, got {w.dtype.name}")
     return w
 
@@ -90,8 +96,8 @@ class SparseInput:
     def __init__(self, row_splits, keys, weights=None, *, where: str = "embedlab.SparseInput"):
         row_splits = tf.convert_to_tensor(row_splits)
         keys = _keys(tf.convert_to_tensor(keys), where, "keys")
-        if not _is(row_splits.dtype, tf.int64):
-            if not _is(row_splits.dtype, tf.int32):
+        if not is_dtype(row_splits.dtype, tf.int64):
+            if not is_dtype(row_splits.dtype, tf.int32):
                 raise ValueError(f"{where}: row_splits must be int64 (or int32), got {row_splits.dtype.name}")
             row_splits = tf.cast(row_splits, tf.int64)
         if row_splits.shape.rank not in (None, 1) or keys.shape.rank not in (None, 1):
@@ -177,7 +183,7 @@ class SparseInput:
                              f"got ragged_rank {ids.ragged_rank}")
         keys = _keys(ids.values, where)
         splits = ids.row_splits
-        if not _is(splits.dtype, tf.int64):
+        if not is_dtype(splits.dtype, tf.int64):
             splits = tf.cast(splits, tf.int64)
         w = None
         if weights is not None:
