@@ -18,13 +18,23 @@ namespace {
 
 // ---- the optimizers' epilogues (see EpiState in backward_cuda.cuh) ---------------------------
 
+// A key's table row and its first `Slots` slot rows (0, 1 or 2) at column col: every
+// epilogue's load().
+template <int Slots, int V>
+__device__ __forceinline__ EpiState<V> load_rows(const BwdTable& B, int64_t key, int64_t col) {
+  const int64_t off = key * B.dim + col;
+  EpiState<V> st;
+  st.w = vld<V>(B.table + off);
+  if constexpr (Slots >= 1) st.s1 = vld<V>(B.slot1 + off);
+  if constexpr (Slots >= 2) st.s2 = vld<V>(B.slot2 + off);
+  return st;
+}
+
 struct SgdEpi {  // w -= g * lr
   float lr;
   template <int V>
   __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
-    EpiState<V> st;
-    st.w = vld<V>(B.table + key * B.dim + col);
-    return st;
+    return load_rows<0, V>(B, key, col);
   }
   template <int V>
   __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
@@ -39,11 +49,7 @@ struct AdagradEpi {  // acc += g*g; w -= (lr*g) / sqrt(acc + eps)
   float lr, eps;
   template <int V>
   __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
-    const int64_t off = key * B.dim + col;
-    EpiState<V> st;
-    st.w = vld<V>(B.table + off);
-    st.s1 = vld<V>(B.slot1 + off);
-    return st;
+    return load_rows<1, V>(B, key, col);
   }
   template <int V>
   __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
@@ -63,12 +69,7 @@ struct AdamEpi {  // Keras order: m += (g-m)(1-b1); v += (g*g-v)(1-b2); w -= (m*
   float alpha, one_b1, one_b2, eps;
   template <int V>
   __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
-    const int64_t off = key * B.dim + col;
-    EpiState<V> st;
-    st.w = vld<V>(B.table + off);
-    st.s1 = vld<V>(B.slot1 + off);
-    st.s2 = vld<V>(B.slot2 + off);
-    return st;
+    return load_rows<2, V>(B, key, col);
   }
   template <int V>
   __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
@@ -100,12 +101,7 @@ struct FtrlEpi {
   }
   template <int V>
   __device__ __forceinline__ EpiState<V> load(const BwdTable& B, int64_t key, int64_t col) const {
-    const int64_t off = key * B.dim + col;
-    EpiState<V> st;
-    st.w = vld<V>(B.table + off);
-    st.s1 = vld<V>(B.slot1 + off);
-    st.s2 = vld<V>(B.slot2 + off);
-    return st;
+    return load_rows<2, V>(B, key, col);
   }
   template <int V>
   __device__ __forceinline__ void apply(const BwdTable& B, int64_t key, int64_t, int64_t col, EpiState<V> st,
