@@ -53,3 +53,22 @@ def rng(request):
 def core():
     """The framework-free module `_embedlab_core`."""
     return gpu_arrays.load_core()
+
+
+@pytest.fixture(scope="module")
+def users_redis():
+    """Stands for the user's Redis (compose's service): a real password-protected redis-server
+    on 127.0.0.1, not started by the code under test."""
+    from embedlab.services.redis_server import start_redis
+    r = start_redis()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def users_redis_env(monkeypatch, users_redis):
+    """EMBEDLAB_REDIS_ADDRESS / EMBEDLAB_REDIS_PASSWORD name users_redis for one test."""
+    from embedlab.services.redis_server import ADDRESS_ENV, PASSWORD_ENV
+    monkeypatch.setenv(ADDRESS_ENV, users_redis.address)
+    monkeypatch.setenv(PASSWORD_ENV, users_redis.password)
+    return users_redis

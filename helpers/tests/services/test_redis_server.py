@@ -10,21 +10,6 @@ from embedlab.services.redis_server import (ADDRESS_ENV, PASSWORD_ENV, RedisServ
                                             redis_to_kill, start_redis)
 
 
-@pytest.fixture(scope="module")
-def users_redis():
-    """Stands for the user's Redis (compose's service): password-protected, not started by the code under test."""
-    r = start_redis()
-    yield r
-    r.stop()
-
-
-@pytest.fixture
-def env(monkeypatch, users_redis):
-    monkeypatch.setenv(ADDRESS_ENV, users_redis.address)
-    monkeypatch.setenv(PASSWORD_ENV, users_redis.password)
-    return users_redis
-
-
 @pytest.fixture
 def redis_server():
     r = start_redis()
@@ -38,17 +23,17 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_users_redis_is_never_killed_or_stopped(env):
+def test_a_users_redis_is_never_killed_or_stopped(users_redis_env):
     r = hps_redis()
     with pytest.raises(RuntimeError, match="refusing to kill"):
         r.kill()
     r.stop()
-    assert env.running and env.ping()
+    assert users_redis_env.running and users_redis_env.ping()
     victim = redis_to_kill(r)
     try:
-        assert isinstance(victim, RedisServer) and victim.address != env.address
+        assert isinstance(victim, RedisServer) and victim.address != users_redis_env.address
         victim.kill()
-        assert not victim.running and env.ping()
+        assert not victim.running and users_redis_env.ping()
     finally:
         victim.stop()
 
