@@ -50,7 +50,7 @@ RUNS = {
     "hps_gpu": ["hps_gpu_nvidia-h100_2026-11-28T0216Z.json", "hps_gpu_nvidia-h200_2026-11-28T0212Z.json"],
     "hps_server_gpu": ["hps_server_gpu_nvidia-h100_2026-11-28T0740Z.json",
                        "hps_server_gpu_nvidia-h200_2026-11-28T0639Z.json"],
-    "ftrl_gpu": ["ftrl_gpu_nvidia-h200_2026-11-28T0643Z.json"],
+    "sparse_optimizers_gpu": ["sparse_optimizers_gpu_nvidia-h200_2026-11-28T0940Z.json"],
     "serving": ["serving_amd-epyc-2c_2026-11-23T1443Z.json"],
     "session": ["session_amd-epyc-2c_2026-11-23T1907Z.json", "session_oversub_amd-epyc-2c_2026-11-23T1908Z.json"],
     "sok": ["sok_amd-epyc-2c_2026-11-23.json", "sok_2workers_amd-epyc-2c_2026-11-23.json",
@@ -504,12 +504,14 @@ def sec_keras_rs(out: Path) -> str:
         c, t = field(d, "config", file=n), field(d, "times_s", file=n)
         med = {k: statistics.median(v) * 1e3 for k, v in t.items()}
         machine, _ = hardware(n, d)
+        tables = (f"Criteo Kaggle's (33.8M rows) x {c['dim']}" if c.get("criteo")
+                  else f"{c['rows']:,} x {c['dim']}")
         for what in ("step", "forward"):
-            rows.append([f"`{machine}`", f"{c['rows']:,} x {c['dim']}", f"{c['batch']:,}", c["optimizer"], what,
+            rows.append([f"`{machine}`", tables, f"{c['batch']:,}", c["optimizer"], what,
                          num(med[f"keras_rs_{what}"]), num(med[f"embedlab_{what}"]),
                          f"**{num(field(d, 'median_ratio_keras_rs_over_embedlab', what, file=n))}x**",
                          f"{d['largest_relative_loss_difference']:.1e}" if what == "step" else ""])
-        plot[machine] = med
+        plot[f"{machine}, {tables}, {c['optimizer']}"] = med
     md = table(["machine", "26 tables of", "batch", "optimizer", "timed", "Keras-RS ms (peer)", "EmbedLab ms",
                 "ratio (median of repeats)", "largest relative loss difference"], rows)
     notes = [f"`{n}`: {load(n)['config']['note']}" for n in names if load(n).get("config", {}).get("note")]
@@ -525,26 +527,30 @@ def sec_keras_rs(out: Path) -> str:
     return runs_table(names) + "\n" + md + save(fig, out, "keras_rs")
 
 
-def sec_ftrl_gpu(out: Path) -> str:
-    names = RUNS["ftrl_gpu"]
+def sec_sparse_optimizers_gpu(out: Path) -> str:
+    names = RUNS["sparse_optimizers_gpu"]
     rows, plot = [], {}
     for n in names:
         d = load(n)
         gpu = field(d, "info", "gpu", file=n).replace("NVIDIA ", "")
         for r in field(d, "results", file=n):
-            rows.append([gpu, f"{r['rows']:,} x {r['dim']}", f"{r['batch']:,}", r["keys_per_lookup"],
-                         num(r["embedlab_ms"], 3), num(r["torch_ms"], 3), f"**{num(r['speedup'])}x**",
+            chk = f"{field(r, 'check', 'max_abs_err', file=n):.1e}"
+            rows.append([gpu, r["optimizer"], f"{r['rows']:,} x {r['dim']}", f"{r['batch']:,}", r["keys_per_lookup"],
+                         num(r["embedlab_ms"], 3), num(r["torch_ms"], 3), f"**{num(r['speedup'])}x**", chk,
                          f"{r['max_abs_diff']:.1e}"])
-            plot.setdefault(gpu, []).append(r)
-    md = table(["GPU", "table", "batch", "keys per lookup", "EmbedLab backward + FTRL ms",
-                "PyTorch backward + FTRL written out ms (peer)", "ratio", "max abs difference"], rows)
-    fig, axes = plt.subplots(1, len(plot), figsize=(6 * len(plot), 3.4), squeeze=False)
-    for ax, (gpu, rs) in zip(axes[0], sorted(plot.items())):
-        bars(ax, [f"dim {r['dim']}\n{r['keys_per_lookup']} key(s) per lookup" for r in rs], [
-            ("PyTorch embedding_bag backward + FTRL (peer)", [r["torch_ms"] for r in rs], PEER),
-            ("EmbedLab fused backward + FTRL", [r["embedlab_ms"] for r in rs], OURS)], "ms per step (lower is better)")
-        ax.set_title(gpu, fontsize=10)
-    return runs_table(names) + "\n" + md + save(fig, out, "ftrl_gpu")
+            plot.setdefault(n, (gpu, []))[1].append(r)
+    md = table(["GPU", "optimizer", "table", "batch", "keys per lookup", "EmbedLab fused backward + optimizer ms",
+                "PyTorch embedding_bag backward + torch.optim ms (peer)", "ratio",
+                "max abs error vs float64 (check)", "max abs difference vs PyTorch"], rows)
+    fig, axes = plt.subplots(len(plot), 1, figsize=(max(6.0, 0.9 * max(len(rs) for _, rs in plot.values())),
+                                                    3.4 * len(plot)), squeeze=False)
+    for ax, (n, (gpu, rs)) in zip(axes[:, 0], sorted(plot.items())):
+        bars(ax, [f"{r['optimizer']}\ndim {r['dim']}\n{r['keys_per_lookup']} key(s)" for r in rs], [
+            ("PyTorch embedding_bag backward + torch.optim (peer)", [r["torch_ms"] for r in rs], PEER),
+            ("EmbedLab fused backward + optimizer", [r["embedlab_ms"] for r in rs], OURS)],
+             "ms per step (lower is better)")
+        ax.set_title(f"{gpu}: {n}", fontsize=9)
+    return runs_table(names) + "\n" + md + save(fig, out, "sparse_optimizers_gpu")
 
 
 def sec_plugin_layer(out: Path) -> str:

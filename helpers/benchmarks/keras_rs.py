@@ -38,6 +38,7 @@ import keras_rs  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from embedlab.data.criteo.synth import KAGGLE_CARDINALITIES  # noqa: E402
 from embedlab.keras_rs import DistributedEmbedding  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,9 +48,10 @@ N_TABLES, N_DENSE = 26, 13
 
 
 def build(layer_cls, rows, dim, batch, opt_name, seed):
+    """One model: table i has rows[i] rows."""
     keras.utils.set_random_seed(seed)
     opt = {"adagrad": lambda: keras.optimizers.Adagrad(0.05), "sgd": lambda: keras.optimizers.SGD(0.05)}[opt_name]
-    tables = [keras_rs.layers.TableConfig(f"t{i}", rows, dim, optimizer=opt(), combiner="sum",
+    tables = [keras_rs.layers.TableConfig(f"t{i}", rows[i], dim, optimizer=opt(), combiner="sum",
                                           initializer=keras.initializers.RandomUniform(-0.05, 0.05, seed=seed + i))
               for i in range(N_TABLES)]
     fcs = {f"c{i}": keras_rs.layers.FeatureConfig(f"c{i}", tables[i], (batch, 1), (batch, dim)) for i in range(N_TABLES)}
@@ -83,7 +85,10 @@ def build(layer_cls, rows, dim, batch, opt_name, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--rows", type=int, default=100_000, help="rows of every table (without --criteo)")
+    ap.add_argument("--criteo", action="store_true",
+                    help="tables of the Criteo Kaggle columns' cardinalities (1460 ... 10,131,227 rows; "
+                         "33.8M rows in all) instead of --rows each")
     ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad")
@@ -96,19 +101,21 @@ def main():
     args = ap.parse_args()
     load_before = os.getloadavg()[0]
     rng = np.random.default_rng(0)
+    rows = list(KAGGLE_CARDINALITIES) if args.criteo else [args.rows] * N_TABLES
 
     def batch():
-        if args.unique:
-            cat = {f"c{i}": tf.constant(rng.permutation(args.rows)[:args.batch, None]) for i in range(N_TABLES)}
+        if args.unique:     # a table smaller than the batch repeats its keys
+            cat = {f"c{i}": tf.constant(np.resize(rng.permutation(rows[i]), args.batch)[:, None])
+                   for i in range(N_TABLES)}
         else:
-            cat = {f"c{i}": tf.constant(np.minimum(rng.zipf(1.2, (args.batch, 1)) - 1, args.rows - 1))
+            cat = {f"c{i}": tf.constant(np.minimum(rng.zipf(1.2, (args.batch, 1)) - 1, rows[i] - 1))
                    for i in range(N_TABLES)}
         return (cat, tf.constant(rng.normal(size=(args.batch, N_DENSE)).astype(np.float32)),
                 tf.constant(rng.integers(0, 2, (args.batch, 1)).astype(np.float32)))
 
     data = [batch() for _ in range(args.steps)]
-    ours = build(DistributedEmbedding, args.rows, args.dim, args.batch, args.optimizer, 1)
-    ref = build(keras_rs.layers.DistributedEmbedding, args.rows, args.dim, args.batch, args.optimizer, 1)
+    ours = build(DistributedEmbedding, rows, args.dim, args.batch, args.optimizer, 1)
+    ref = build(keras_rs.layers.DistributedEmbedding, rows, args.dim, args.batch, args.optimizer, 1)
     ours[2](*data[0][:2]), ref[2](*data[0][:2])
     for name, table in ref[0].get_embedding_tables().items():       # the very same initial tables
         [layer for layer in ours[0]._table_layers if layer.name == name][0].embeddings.assign(table)
@@ -126,7 +133,8 @@ def main():
             t0 = time.perf_counter()
             fwd(cat, dense).numpy()
             times[f"{key}_forward"].append(time.perf_counter() - t0)
-    print(f"26 tables x {args.rows} x {args.dim}, batch {args.batch}, {args.optimizer}, "
+    shape = "Criteo Kaggle's 26 tables (33.8M rows)" if args.criteo else f"26 tables x {args.rows}"
+    print(f"{shape} x {args.dim}, batch {args.batch}, {args.optimizer}, "
           f"{os.cpu_count()} CPUs, {args.repeats} interleaved repeats (ms: median [min, max])")
     for w in ("step", "forward"):
         a, b = times[f"embedlab_{w}"], times[f"keras_rs_{w}"]
