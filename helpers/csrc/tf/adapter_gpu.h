@@ -1,4 +1,5 @@
-// What the GPU OpKernel files share (embedding_kernels_gpu.cc, sparse_optimizer_kernels_gpu.cc):
+// What the GPU OpKernel files share (embedding_kernels_gpu.cc, sparse_optimizer_kernels_gpu.cc,
+// hps_kernels_gpu.cc):
 // TensorFlow's stream, CUDA errors as statuses, the toolkit/driver check, scratch memory from
 // TensorFlow's allocator, and the device-side key check. Included only under GOOGLE_CUDA, after
 // EIGEN_USE_GPU; internal to each kernel file (an anonymous namespace).
@@ -65,7 +66,8 @@ absl::Status Scratch(OpKernelContext* ctx, size_t bytes, Tensor* t, void** ptr) 
 }
 
 // Device-side key check; synchronizes the stream. num_rows < 0: no upper bound (the backward).
-absl::Status CheckIds(OpKernelContext* ctx, const std::string& what, const embedlab::CsrIds& ids, int64_t num_rows,
+// [[maybe_unused]]: not every kernel file checks CSR ids (hps_kernels_gpu.cc does not).
+[[maybe_unused]] absl::Status CheckIds(OpKernelContext* ctx, const std::string& what, const embedlab::CsrIds& ids, int64_t num_rows,
                       bool allow_missing, int64_t* max_key = nullptr) {
   Tensor scratch;
   void* ws = nullptr;

@@ -3,7 +3,9 @@
 // registers through embedlab_hps_set_lookup_callback() (ctypes) at import. The callback takes
 // the GIL, finds or starts the server for ps_config_file and fills the output. Keeping the tiers
 // in one Python implementation means the layers, the Triton python backend and the notebooks
-// all see the same server, its statistics and its fault handling.
+// all see the same server, its statistics and its fault handling. The GPU kernel (CUDA builds,
+// hps_kernels_gpu.cc) calls the second callback, registered through
+// embedlab_hps_set_device_lookup_callback(), which is kept here so that every build accepts it.
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -11,15 +13,11 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
-extern "C" {
-// Returns 0 on success; otherwise writes a NUL-terminated message into err (err_len bytes).
-typedef int (*EmbedLabHpsLookupFn)(const char* ps_config_file, const char* model_name, int64_t table_id,
-                                   int64_t global_batch_size, const int64_t* keys, int64_t n, float* out,
-                                   int64_t dim, char* err, int64_t err_len);
-}
+#include "hps_callbacks.h"
 
 namespace {
 std::atomic<EmbedLabHpsLookupFn> g_lookup{nullptr};
+std::atomic<EmbedLabHpsDeviceLookupFn> g_device_lookup{nullptr};
 }
 
 extern "C" __attribute__((visibility("default"))) void embedlab_hps_set_lookup_callback(EmbedLabHpsLookupFn fn) {
@@ -28,6 +26,28 @@ extern "C" __attribute__((visibility("default"))) void embedlab_hps_set_lookup_c
 
 extern "C" __attribute__((visibility("default"))) int embedlab_hps_has_lookup_callback() {
   return g_lookup.load() != nullptr;
+}
+
+extern "C" __attribute__((visibility("default"))) void embedlab_hps_set_device_lookup_callback(
+    EmbedLabHpsDeviceLookupFn fn) {
+  g_device_lookup.store(fn);
+}
+
+extern "C" __attribute__((visibility("default"))) int embedlab_hps_has_device_lookup_callback() {
+  return g_device_lookup.load() != nullptr;
+}
+
+extern "C" EmbedLabHpsLookupFn embedlab_hps_lookup_callback() { return g_lookup.load(); }
+
+extern "C" EmbedLabHpsDeviceLookupFn embedlab_hps_device_lookup_callback() { return g_device_lookup.load(); }
+
+// 1 where this library holds the GPU kernel of EmbedLabHpsLookup (a CUDA build of the op library).
+extern "C" __attribute__((visibility("default"))) int embedlab_hps_has_gpu_kernel() {
+#if GOOGLE_CUDA
+  return 1;
+#else
+  return 0;
+#endif
 }
 
 namespace tensorflow {

@@ -1,5 +1,6 @@
 // The HPS lookup op (registration and shape function). Always compiled: the op exists with or
-// without CUDA; its only kernel runs on the host (the parameter server lives in host memory).
+// without CUDA. Its host kernel (hps_kernels.cc) is always built; a CUDA build adds a GPU kernel
+// (hps_kernels_gpu.cc) that hands device keys to the parameter server's GPU tier.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -36,6 +37,8 @@ Looks ids up in table `table_id` of `model_name` on EmbedLab's Hierarchical Para
 (embedlab.hps). The server runs in the Python process; `import embedlab.hps` registers the
 callback this kernel calls. When no server runs for `ps_config_file`, one is started from it
 (HugeCTR's implicit initialisation), so a SavedModel holding this op initialises itself.
+On a GPU (CUDA builds) the keys stay on the device when the table is on the server's GPU tier
+of that device; otherwise they are looked up through the host (one copy each way).
 )doc");
 
 }  // namespace tensorflow

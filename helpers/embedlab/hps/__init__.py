@@ -37,7 +37,15 @@ __all__ = ["Init", "init", "shutdown", "get_server", "servers", "ParameterServer
 
 
 def register_tf_callback() -> None:
-    """Loads EmbedLab's TensorFlow op library and registers the lookup callback (imports TF)."""
+    """Loads EmbedLab's TensorFlow op library and registers the lookup callbacks (imports TF).
+
+    Registers the host kernel's callback and, for the GPU kernel of CUDA builds, the device
+    callback (:mod:`embedlab.hps.layers`). Idempotent.
+
+    Example:
+        >>> import tensorflow as tf, embedlab.hps as hps     # doctest: +SKIP
+        >>> hps.register_tf_callback()                        # doctest: +SKIP
+    """
     from . import layers  # noqa: F401  (registers at import)
 
 

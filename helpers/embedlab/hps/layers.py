@@ -11,6 +11,14 @@ attributes, so a SavedModel that holds the layers, reloaded in a fresh process a
 ``import embedlab.hps``, starts its server from ``ps_config_file`` on first call (HugeCTR's
 implicit initialisation).
 
+On a CUDA build of the op library the op also has a GPU kernel (``csrc/tf/hps_kernels_gpu.cc``),
+chosen when TensorFlow places the op on a GPU. It hands the keys' device pointer, the output's
+device pointer, the CUDA device and TensorFlow's stream to a second callback registered here,
+:func:`embedlab.hps._tf_device._device_lookup_callback` (no TensorFlow in that module, so it is
+tested on the GPU machine): the server's GPU tier serves the table on TensorFlow's stream when
+it holds it on that device; otherwise the kernel goes through the host callback (one copy of the
+keys to the host, one of the rows back), logged once per model, table and device.
+
 This is the only module of :mod:`embedlab.hps` that imports TensorFlow.
 """
 from __future__ import annotations
@@ -24,6 +32,7 @@ import tensorflow as tf
 
 from .._native import _HERE, tf_ops
 from ._registry import get_server
+from ._tf_device import DEVICE_CALLBACK_TYPE, _device_lookup_callback, _write_err
 
 __all__ = ["LookupLayer", "SparseLookupLayer", "hps_lookup"]
 
@@ -31,7 +40,7 @@ _CALLBACK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p
                                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                                   ctypes.c_int64)
 _lock = threading.Lock()
-_registered: list = []   # keeps the ctypes callback alive for the life of the process
+_registered: list = []   # keeps the ctypes callbacks alive for the life of the process
 
 
 def _lookup_callback(config, model, table_id, global_batch_size, keys_ptr, n, out_ptr, dim, err_ptr, err_len):
@@ -46,8 +55,7 @@ def _lookup_callback(config, model, table_id, global_batch_size, keys_ptr, n, ou
         out[:] = rows.reshape(-1)
         return 0
     except BaseException as e:  # never let an exception cross into C++
-        msg = f"{type(e).__name__}: {e}".encode(errors="replace")[:max(0, err_len - 1)]
-        ctypes.memmove(err_ptr, msg + b"\0", len(msg) + 1)
+        _write_err(err_ptr, err_len, f"{type(e).__name__}: {e}")
         return 1
 
 
@@ -62,6 +70,14 @@ def _register() -> None:
         lib.embedlab_hps_set_lookup_callback.restype = None
         lib.embedlab_hps_set_lookup_callback(cb)
         _registered.extend([lib, cb])
+        # The GPU kernel's callback. Every op library built from this source tree exports the
+        # setter (hps_kernels.cc); one built before it has no GPU kernel of the op either.
+        if hasattr(lib, "embedlab_hps_set_device_lookup_callback"):
+            dcb = DEVICE_CALLBACK_TYPE(_device_lookup_callback)
+            lib.embedlab_hps_set_device_lookup_callback.argtypes = [DEVICE_CALLBACK_TYPE]
+            lib.embedlab_hps_set_device_lookup_callback.restype = None
+            lib.embedlab_hps_set_device_lookup_callback(dcb)
+            _registered.append(dcb)
 
 
 _register()
