@@ -22,7 +22,11 @@ Columns (wall time per model lookup, median of --reps after warm-up, 3 key sets 
     request (one host synchronization for all tables), rows returned on the GPU;
   * bare many: ``CudaCacheLookup.lookup`` on the server's own caches, every table's keys in one
     array (each table's kernel and miss compaction on one stream, one synchronization; no miss
-    handling): the floor of ``many``;
+    handling): the floor of ``many``; "over bare" is ``many`` minus it, in us: what the server
+    adds per request (Python, the keys' concatenation, the output views, the counters);
+  * flat: ``ps.lookup_many(model, flat_keys, sizes=[batch] * tables, device=0)``, the same
+    request as one flat key array and one flat row buffer (HugeCTR's Triton KEYS / NUMKEYS
+    layout): no per-table arrays in or out;
   * many host io: ``lookup_many`` with host keys and host rows (one copy each way);
   * server: ``ps.lookup(model, t, keys_on_gpu)`` for each table, rows returned on the GPU;
   * bare: ``CudaEmbeddingCache.lookup(keys, out, missing=...)`` on the server's own caches (the
@@ -82,7 +86,8 @@ def main():
     ap.add_argument("--skip-per-table-host-above", type=int, default=131072,
                     help="no per-table host-keys column above this batch")
     ap.add_argument("--profile", type=int, nargs="*", default=[],
-                    help="batches whose server loop is also run under cProfile (printed, top 25 by own time)")
+                    help="batches whose lookup_many (list form, then sizes form) is also run under cProfile "
+                         "(printed, top 25 by own time): where the server's time over bare-many goes")
     args = ap.parse_args()
 
     import torch
@@ -131,9 +136,10 @@ def main():
         caches = ps._gpu_caches[("dynamic", 0)]
         look = core().CudaCacheLookup(0)
         cache_list = [caches._tables[f"hps_et.m.t{t}"] for t in range(args.tables)]
-        # The hot keys the cache holds (every table has the same keys and the same cache geometry,
-        # so the same ones): "100 % hits" batches draw only from them.
-        lost = caches.find("hps_et.m.t0", hot, np.empty((hot.size, dim), np.float32))
+        # The hot keys every table's cache holds: "100 % hits" batches draw only from them (a key
+        # that one table's set could not hold would make every request take the miss path).
+        buf = np.empty((hot.size, dim), np.float32)
+        lost = np.unique(np.concatenate([caches.find(f"hps_et.m.t{t}", hot, buf) for t in range(args.tables)]))
         hot = np.delete(hot, lost)
         for hit in args.hits:
             for b in args.batches:
@@ -188,6 +194,37 @@ def main():
                     look.lookup(cache_list, flat_keys[i % 3], sizes, flat_out, offs, miss_all, stream)
                 t_bare_many = median_ms(bare_many, reps, sync)
 
+                # The sizes form, on key sets of its own (checked against the list form first).
+                fsets = [torch.cat([torch.from_numpy(q) for q in s]).cuda() for s in make_sets()]
+                got_flat = ps.lookup_many("m", fsets[0], sizes=sizes, device=0)
+                got_list = ps.lookup_many("m", list(fsets[0].split(sizes)), device=0)
+                assert torch.equal(got_flat, torch.cat([r.reshape(-1) for r in got_list])), \
+                    "lookup_many(sizes=) differs from the list form"
+                ps.wait_background()
+
+                def flat_many(i):
+                    ps.lookup_many("m", fsets[i % 3], sizes=sizes, device=0)
+                t_flat = median_ms(flat_many, reps, sync)
+                ps.wait_background()
+                if b in args.profile:
+                    import cProfile
+                    import pstats
+                    for label, fn in (("lookup_many, list of device keys", many), ("lookup_many, sizes=", flat_many)):
+                        prof = cProfile.Profile()
+                        prof.enable()
+                        for i in range(30):
+                            fn(i)
+                        sync()
+                        prof.disable()
+                        print(f"--- profile of {label}: dim {dim}, batch {b}, hit target {hit}: us per request "
+                              "(own time, with callees), top 25 by own time (compiled functions the profiler "
+                              "does not see, such as the cache binding's, count in their caller's own time)")
+                        st = pstats.Stats(prof).stats
+                        for (fname, line, func), (_, nc, tt, ct, _) in sorted(st.items(), key=lambda kv: -kv[1][2])[:25]:
+                            print(f"{1e6 * tt / 30:9.1f} {1e6 * ct / 30:9.1f}  {nc / 30:5.1f}x  "
+                                  f"{Path(fname).name}:{line}({func})")
+                    ps.wait_background()
+
                 def many_host(i):
                     ps.lookup_many("m", mhsets[i % 3])
                 t_many_host = median_ms(many_host, reps, sync)
@@ -199,17 +236,6 @@ def main():
                     for t in range(args.tables):
                         ps.lookup("m", t, s[t], device=0)
                 t_server = median_ms(server, reps, sync)
-                if b in args.profile:
-                    import cProfile
-                    import pstats
-                    prof = cProfile.Profile()
-                    prof.enable()
-                    for i in range(3):
-                        server(i)
-                    sync()
-                    prof.disable()
-                    print(f"--- profile: dim {dim}, batch {b}, hit target {hit}")
-                    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
                 after = ps.stats()["tiers"]["cache"]["devices"]["cuda:0"]
                 hit_rate = (after["hits"] - before["hits"]) / max(1, (after["hits"] - before["hits"]) +
                                                                     (after["misses"] - before["misses"]))
@@ -240,6 +266,7 @@ def main():
                        "many_hit_rate": many_hit_rate, "many_ms": t_many, "bare_many_ms": t_bare_many, "many_host_io_ms": t_many_host,
                        "many_over_bare_many": t_many / t_bare_many,
                        "many_minus_bare_many_us": 1e3 * (t_many - t_bare_many),
+                       "flat_ms": t_flat, "flat_minus_bare_many_us": 1e3 * (t_flat - t_bare_many),
                        "many_over_bare": t_many / t_bare,
                        "many_lookups_per_s": args.tables * b / (t_many / 1e3),
                        "server_over_bare": t_server / t_bare,
@@ -250,7 +277,9 @@ def main():
                 cpu_txt = "-" if t_cpu is None else f"{t_cpu:9.3f}"
                 host_txt = "-" if t_host is None else f"{t_host:8.3f}"
                 print(f"dim {dim:3d} batch {b:6d} hits {many_hit_rate * 100:5.1f}/{hit_rate * 100:5.1f} %: many {t_many:8.3f} ms  "
-                      f"bare-many {t_bare_many:8.3f} ms  x{t_many / t_bare_many:4.2f}  many-host {t_many_host:8.3f} ms  "
+                      f"bare-many {t_bare_many:8.3f} ms  x{t_many / t_bare_many:4.2f}  over bare "
+                      f"{row['many_minus_bare_many_us']:6.0f} us  flat {t_flat:8.3f} ms (over bare "
+                      f"{row['flat_minus_bare_many_us']:6.0f} us)  many-host {t_many_host:8.3f} ms  "
                       f"| server {t_server:8.3f} ms  "
                       f"bare {t_bare:8.3f} ms  x{t_server / t_bare:4.2f}  (+{row['server_minus_bare_us_per_table']:6.1f} "
                       f"us/table)  host-io {host_txt} ms  cpu-tier {cpu_txt} ms  "
@@ -260,14 +289,15 @@ def main():
         cpu.close()
         write()
     print("\n| dim | batch | hits (many) | lookup_many (ms) | bare many (ms) | many/bare many | many-bare many (us) | "
-          "many host in/out (ms) | per-table server (ms) | 26 bare calls (ms) | many/26 bare | "
+          "sizes= form (ms) | sizes=-bare many (us) | many host in/out (ms) | per-table server (ms) | 26 bare calls (ms) | many/26 bare | "
           "per-table host in/out (ms) | CPU tier (ms) | M lookups/s (many) | HugeCTR TF+HPS A100, whole model incl. MLP (us) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         cpu_ms = "-" if r["cpu_tier_ms"] is None else f"{r['cpu_tier_ms']:.3f}"
         host_ms = "-" if r["host_io_ms"] is None else f"{r['host_io_ms']:.3f}"
         print(f"| {r['dim']} | {r['batch']:,} | {100 * r['many_hit_rate']:.1f} % | {r['many_ms']:.3f} | {r['bare_many_ms']:.3f} | "
-              f"{r['many_over_bare_many']:.2f} | {r['many_minus_bare_many_us']:.0f} | {r['many_host_io_ms']:.3f} | "
+              f"{r['many_over_bare_many']:.2f} | {r['many_minus_bare_many_us']:.0f} | {r['flat_ms']:.3f} | "
+              f"{r['flat_minus_bare_many_us']:.0f} | {r['many_host_io_ms']:.3f} | "
               f"{r['server_ms']:.3f} | {r['bare_ms']:.3f} | {r['many_over_bare']:.2f} | {host_ms} | {cpu_ms} | "
               f"{r['many_lookups_per_s'] / 1e6:.1f} | {r['hugectr_tf_hps_a100_whole_model_us'] or ''} |")
 

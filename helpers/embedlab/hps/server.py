@@ -19,6 +19,7 @@ import numpy as np
 
 from ..sparse_model import KEY_FILE, VECTOR_FILE, read_sparse_model
 from .config import HPSConfig, load_config
+from .gpu_path import GpuPath, device_index
 from .tiers import (CacheTier, DeviceArrays, GpuCacheTier, HashMapTier, RedisTier, RocksDBTier, TierError, TierFull,
                     TierUnavailable, gpu_tier_available)
 
@@ -53,21 +54,7 @@ class HPSUnavailableError(RuntimeError):
 
 def _device_index(device) -> int:
     """A CUDA device ordinal from an int, "cuda:N" / "gpu:N" / "N", a torch.device or a CuPy Device."""
-    if isinstance(device, (int, np.integer)) and not isinstance(device, bool):
-        return int(device)
-    if isinstance(device, str):
-        s = device.strip().lower()
-        for p in ("cuda:", "gpu:", "/gpu:", "/device:gpu:"):
-            if s.startswith(p):
-                s = s[len(p):]
-        if s.isdigit():
-            return int(s)
-    idx = getattr(device, "index", None)
-    if getattr(device, "type", None) == "cuda" and idx is not None:
-        return int(idx)
-    if type(device).__module__.startswith("cupy") and hasattr(device, "id"):
-        return int(device.id)
-    raise HPSLookupError(f"HPS: device must be a CUDA device ordinal (0, 'cuda:0', a torch.device), got {device!r}")
+    return device_index(device, HPSLookupError)
 
 
 @dataclass
@@ -479,6 +466,8 @@ class ParameterServer:
         self._gpu_stats: dict[int, dict] = {}
         self._gpu_models: dict[str, list[int]] = {}
         self._xp: DeviceArrays | None = None
+        # The GPU tier's request path (gpu_path.py): lookups, miss handling, cache inserts.
+        self._gpu = GpuPath(self)
         self._paths_below: dict[str, list[_GuardedTier]] = {}
         self._g_volatile: _GuardedTier | None = None
         self._g_persistent: _GuardedTier | None = None
@@ -738,12 +727,12 @@ class ParameterServer:
         tab = self._table(model, table_id)
         fw = DeviceArrays.framework(keys)
         if tab.cache_tier == "gpu":
-            return self._lookup_gpu(tab, keys, fw, device, return_defaulted)
+            return self._gpu.lookup_one(tab, keys, fw, device, return_defaulted)
         if fw or device is not None:
             return self._lookup_host_for_device(tab, keys, fw, device, return_defaulted)
         return self._lookup_host(tab, self._keys(keys), return_defaulted)
 
-    def lookup_many(self, model: str, keys, return_defaulted: bool = False, device=None):
+    def lookup_many(self, model: str, keys, return_defaulted: bool = False, device=None, sizes=None):
         """The rows of several tables of ``model`` as one request (what Triton's ``hps_embedding``
         model and the lookup layer ask for: one batch of keys per table).
 
@@ -751,16 +740,25 @@ class ParameterServer:
             model: a model name of the config.
             keys: one 1-D integer key array per table: a list or tuple (entry i for table_id i)
                 or a dict ``{table_id: keys}``; each as :meth:`lookup` takes them (host or GPU).
+                With ``sizes``: one 1-D array (host or GPU) of every table's keys end to end,
+                table 0's first (HugeCTR's Triton HPS backend's ``KEYS``).
             return_defaulted: also return, per table, which keys got the default value.
             device: as :meth:`lookup`; GPU keys must all be on one device.
+            sizes: None, or the number of keys of each table of the model, in table order
+                (HugeCTR's ``NUMKEYS``): host integers (a list or NumPy array), one per table,
+                summing to ``len(keys)``; 0 for a table not asked.
 
         Returns:
             The rows in the form of ``keys`` (a list, or a dict by table id), each as
             :meth:`lookup` returns them; with ``return_defaulted``, ``(rows, defaulted)`` with
-            ``defaulted`` in the same form.
+            ``defaulted`` in the same form. With ``sizes``: one float32 1-D array of
+            ``sum(sizes[i] * dim_i)`` values, table i's rows ``[sizes[i], dim_i]`` row-major
+            after table i-1's, no gaps (HugeCTR's Triton ``OUTPUT`` layout), and ``defaulted``
+            one bool array of ``len(keys)``; where they go follows :meth:`lookup`'s rule.
 
         Raises:
-            HPSLookupError: as :meth:`lookup`, and GPU keys of one request on different devices.
+            HPSLookupError: as :meth:`lookup`, GPU keys of one request on different devices,
+                and ``sizes`` that are not one count >= 0 per table summing to ``len(keys)``.
             HPSUnavailableError: as :meth:`lookup`.
 
         On the GPU tier the whole request costs one host synchronization: every table's cache
@@ -768,25 +766,34 @@ class ParameterServer:
         together; the misses of all tables are then copied to the host in one copy, looked up in
         the tiers below (table by table) and their rows copied back in one copy. Host keys go to
         the device in one copy, and host rows come back in one copy. The rows of one request
-        are views of one device buffer. Elsewhere, the tables are looked up one by one.
+        are views of one device buffer. When every table's keys are int64 arrays of the
+        backend's framework (PyTorch where it is installed) or int64 NumPy arrays, the request
+        path's Python work is a few attribute reads per table and a constant rest; the ``sizes``
+        form is the cheapest (no per-table arrays in or out). Elsewhere (the CPU tier) the
+        tables are looked up one by one.
 
         Example:
             >>> rows = ps.lookup_many("m", [keys_t0, keys_t1])          # doctest: +SKIP
             >>> rows = ps.lookup_many("m", {0: k0, 3: k3}, device=0)     # doctest: +SKIP
+            >>> flat = ps.lookup_many("m", torch.cat([k0, k1]), sizes=[len(k0), len(k1)])  # doctest: +SKIP
         """
         if self._closed:
             raise RuntimeError("HPS: the ParameterServer is closed")
+        if sizes is not None:
+            return self._lookup_flat(model, keys, sizes, return_defaulted, device)
         if isinstance(keys, dict):
             ids, ks = list(keys.keys()), list(keys.values())
+            plan = self._gpu.plan(model, tuple(ids))
         elif isinstance(keys, (list, tuple)):
-            ids, ks = list(range(len(keys))), list(keys)
+            ids, ks = None, keys if isinstance(keys, list) else list(keys)
+            plan = self._gpu.plan_list(model, len(ks))
         else:
             raise HPSLookupError(f"HPS: lookup_many takes keys as a list (one array per table) or a dict "
                                  f"{{table_id: keys}}, got {type(keys).__name__}")
-        tabs = [self._table(model, i) for i in ids]
-        if tabs and all(t.cache_tier == "gpu" for t in tabs):
-            rows, flags = self._lookup_gpu_many(tabs, ks, device, return_defaulted)
+        if plan.gpu:
+            rows, flags = self._gpu.lookup_many_list(plan, ks, device, return_defaulted)
         else:
+            ids = list(range(len(ks))) if ids is None else ids
             res = [self.lookup(model, i, k, return_defaulted=return_defaulted, device=device) for i, k in zip(ids, ks)]
             rows = [r[0] for r in res] if return_defaulted else res
             flags = [r[1] for r in res] if return_defaulted else None
@@ -795,169 +802,46 @@ class ParameterServer:
             flags = dict(zip(ids, flags)) if return_defaulted else None
         return (rows, flags) if return_defaulted else rows
 
+    def _lookup_flat(self, model, keys, sizes, return_defaulted: bool, device):
+        """``lookup_many(..., sizes=)``: the GPU tier serves it as one request; the CPU tier
+        table by table, the rows then put end to end."""
+        plan = self._gpu.plan_all(model)
+        if plan.gpu:
+            return self._gpu.lookup_flat(plan, keys, sizes, device, return_defaulted)
+        fw = DeviceArrays.framework(keys)
+        xp = self._need_xp() if fw else None
+        k = self._gpu.device_keys(xp, keys) if fw else self._keys(keys)
+        ns = self._gpu.check_sizes(plan, sizes, int(k.shape[0]))
+        parts, o = [], 0
+        for n in ns:
+            parts.append(k[o:o + n])
+            o += n
+        res = self.lookup_many(model, parts, return_defaulted=True, device=device)
+        rows = [r.reshape(-1) for r in res[0]]
+        if not fw and device is None:
+            flat, flags = np.concatenate(rows), np.concatenate(res[1])
+        else:
+            xp = self._need_xp()
+            flat, flags = xp.cat(rows), xp.cat(res[1])
+            flat, flags = xp.export_array(flat, fw), xp.export_array(flags, fw)
+        return (flat, flags) if return_defaulted else flat
+
+    # The GPU tier's request path lives in gpu_path.py; these names stay for callers of the
+    # server's internals (the lookup layer's GPU op path).
+    def _lookup_gpu(self, tab: _Table, keys, fw: str, device, return_defaulted: bool):
+        """The GPU tier for one table (see :meth:`GpuPath.lookup_one`)."""
+        return self._gpu.lookup_one(tab, keys, fw, device, return_defaulted)
+
     def _lookup_gpu_many(self, tabs: list, keys: list, device, return_defaulted: bool):
         """The GPU tier for several tables of one model: one device, one synchronization."""
-        xp = self._xp
-        fws = [DeviceArrays.framework(k) for k in keys]
-        d = None if device is None else _device_index(device)
-        dks = [None] * len(keys)
-        for i, (k, fw) in enumerate(zip(keys, fws)):
-            if fw:
-                dk = self._device_keys(xp, k)
-                kd = xp.device_of(dk)
-                if d is None:
-                    d = kd
-                elif kd != d:
-                    raise HPSLookupError(f"HPS: keys of table {tabs[i].index} are on cuda:{kd} but "
-                                         f"{'device' if device is not None else 'other keys'} are on cuda:{d}; "
-                                         "move them first")
-                dks[i] = dk
-        devs = tabs[0].devices
-        if d is None:
-            d = devs[0]
-        cache = tabs[0].gpu.get(d)
-        if cache is None:
-            raise HPSLookupError(f"HPS: model {tabs[0].model!r} is deployed on GPU device(s) {list(devs)} "
-                                 f"(deployed_device_list); device {d} is not one of them")
-        host_out = device is None and not any(fws)
-        dst = self._gpu_stats[d]
-        with xp.device_context(d):
-            if not any(fws):        # every table's host keys to the device in one copy
-                hk = [self._keys(k) for k in keys]
-                ns = [h.shape[0] for h in hk]
-                flat_keys = xp.put(np.concatenate(hk) if len(hk) > 1 else hk[0], d)
-            else:                   # one device array of every table's keys (one kernel)
-                for i, fw in enumerate(fws):
-                    if not fw:
-                        dks[i] = xp.put(self._keys(keys[i]), d)
-                ns = [int(k.shape[0]) for k in dks]
-                flat_keys = xp.cat(dks) if len(dks) > 1 else dks[0]
-            # Table i's rows start at a multiple of 4 floats (16 bytes: the kernels' wide copies).
-            offs, o = [], 0
-            for n, t in zip(ns, tabs):
-                offs.append(o)
-                o += (n * t.dim + 3) // 4 * 4
-            flat = xp.empty((o,), np.float32, d)
-            outs = xp.row_views(flat, offs, [(n, t.dim) for n, t in zip(ns, tabs)])
-            with self._lock:
-                for t, n in zip(tabs, ns):
-                    t.lookups += 1
-                    t.keys += n
-                epoch = self._epoch
-            t0 = time.perf_counter()
-            missing, counts = cache.lookup_many([t.name for t in tabs], flat_keys, ns, flat, offs)
-            dt = time.perf_counter() - t0
-            mtot = sum(counts)
-            with self._lock:
-                st = dst["stats"]
-                st.calls += len(tabs)
-                st.seconds += dt
-                st.hits += sum(ns) - mtot
-                st.misses += mtot
-            defaulted = [None] * len(tabs)
-            pos_host = [None] * len(tabs)
-            if mtot:
-                self._fill_misses_many(tabs, flat_keys, outs, missing, ns, counts, d, epoch, cache, defaulted,
-                                       pos_host)
-            if host_out:
-                h = xp.get(flat)                 # every table's rows in one copy
-                rows = [h[o_:o_ + n * t.dim].reshape(n, t.dim) for o_, n, t in zip(offs, ns, tabs)]
-            else:
-                rows = [xp.export_array(o_, fw) for o_, fw in zip(outs, fws)]
-            if not return_defaulted:
-                return rows, None
-            flags = []
-            for i, n in enumerate(ns):
-                f = np.zeros(n, bool)
-                if defaulted[i] is not None:
-                    f[pos_host[i]] = defaulted[i]
-                flags.append(f if host_out else xp.export_array(xp.put(f, d), fws[i]))
-            return rows, flags
-
-    def _fill_misses_many(self, tabs, flat_keys, outs, missing, ns, counts, d, epoch, cache, defaulted, pos_host):
-        """The misses of every table of a request: their positions and keys to the host in one
-        copy, the tiers below table by table, their rows back in one copy, scattered into `outs`,
-        and (dynamic caches) inserted into the device's caches. Fills ``defaulted[i]`` (per miss,
-        or None) and ``pos_host[i]`` (the miss positions) for the tables with misses."""
-        xp = self._xp
-        sel, offs, o = [], [], 0
-        for i, (n, m) in enumerate(zip(ns, counts)):
-            if m:
-                sel.append(i)
-                offs.append(o)
-            o += n
-        pos = [missing[o_:o_ + counts[i]] for i, o_ in zip(sel, offs)]
-        mkeys = [xp.take(flat_keys[o_:o_ + ns[i]], p) for i, o_, p in zip(sel, offs, pos)]
-        both = xp.get(xp.cat(pos + mkeys))           # positions and keys of every miss: one copy
-        mtot = sum(counts[i] for i in sel)
-        hpos, hkeys = both[:mtot], both[mtot:]
-        rows_h, o = [], 0
-        for i in sel:
-            m, tab = counts[i], tabs[i]
-            pos_host[i] = hpos[o:o + m]
-            ukeys, inverse = np.unique(hkeys[o:o + m], return_inverse=True)
-            o += m
-            rows_u, missing_u, _ = self._walk(tab, ukeys, self._paths_below[tab.model], epoch)
-            rows_h.append(rows_u[inverse].reshape(-1))
-            if missing_u.size:
-                udef = np.zeros(ukeys.shape[0], bool)
-                udef[missing_u] = True
-                defaulted[i] = udef[inverse]
-                with self._lock:
-                    tab.defaults_returned += int(np.count_nonzero(defaulted[i]))
-        rows_d = xp.split_views(xp.put(np.concatenate(rows_h) if len(rows_h) > 1 else rows_h[0], d),
-                                [(counts[i], tabs[i].dim) for i in sel])   # every miss's row: one copy
-        sync_items, async_items = [], []
-        for j, i in enumerate(sel):
-            tab, p, rows = tabs[i], pos[j], rows_d[j]
-            xp.scatter(outs[i], p, rows)
-            dflt = defaulted[i]
-            if not tab.dynamic or (dflt is not None and dflt.all()):
-                continue
-            if dflt is None:
-                ik, irows = mkeys[j], rows
-            else:       # the defaults do not go into the cache
-                keep = xp.put(np.flatnonzero(~dflt), d)
-                ik, irows = xp.take(mkeys[j], keep), xp.take(rows, keep)
-            item = (tab, ik, irows)
-            (sync_items if (1.0 - counts[i] / ns[i]) < tab.threshold else async_items).append(item)
-        if sync_items or async_items:
-            ready = xp.record(xp.current_stream(d))
-            if sync_items:
-                self._insert_gpu_many(cache, sync_items, ready, epoch, sync=True)
-            if async_items:
-                self._insert_gpu_many(cache, async_items, ready, epoch, sync=False)
+        plan = self._gpu.plan(tabs[0].model, tuple(t.index for t in tabs))
+        return self._gpu.lookup_many_list(plan, list(keys), device, return_defaulted)
 
     def _insert_gpu_many(self, cache: GpuCacheTier, items: list, ready, epoch: int, sync: bool) -> None:
-        """:meth:`_insert_gpu` for several tables' rows ``[(tab, keys, rows), ...]`` at once."""
-        dst = self._gpu_stats[cache.device]
+        self._gpu.insert_many(cache, items, ready, epoch, sync)
 
-        def check():
-            with self._lock:
-                return not self._closed and self._current(epoch)
-
-        def go(counter: str):
-            ev = cache.insert_many_async([(t.name, k, v) for t, k, v in items], ready, check)
-            with self._lock:
-                for t, k, _ in items:
-                    n = int(k.shape[0])
-                    if ev is None:
-                        dst["inserts_skipped"] += n
-                        continue
-                    dst[counter] += n
-                    dst["stats"].inserted += n
-                    self._stats["cache"].inserted += n
-                    if counter == "sync_inserts":
-                        t.sync_inserts += n
-                    else:
-                        t.async_inserts += n
-            if ev is not None:
-                ev.synchronize()    # keeps keys and rows alive until the inserts have run
-
-        if sync:
-            go("sync_inserts")
-        else:
-            self._enqueue_call(lambda: go("async_inserts"))
+    def _insert_gpu(self, cache: GpuCacheTier, tab: _Table, k, v, ready, epoch: int, sync: bool) -> None:
+        self._gpu.insert_many(cache, [(tab, k, v)], ready, epoch, sync)
 
     def _walk(self, tab: _Table, ukeys: np.ndarray, path: list, epoch: int):
         """Looks unique keys up in `path` (the tiers, top down), each tier asked for the keys the
@@ -1069,21 +953,7 @@ class ParameterServer:
 
     def _device_keys(self, xp: DeviceArrays, keys):
         """GPU keys as this backend's contiguous int64 1-D array (checked)."""
-        k = xp.import_array(keys)
-        if xp.fast_keys(k):
-            if self.config.supportlonglong:
-                return k
-        dt = xp.dtype_name(k)
-        if dt not in ("int64", "int32"):
-            raise HPSLookupError(f"HPS: keys must be int64 (or int32), got dtype {dt}")
-        if len(k.shape) != 1:
-            raise HPSLookupError(f"HPS: keys must be 1-D, got shape {tuple(k.shape)}")
-        k = xp.as_int64_1d(k)
-        if not self.config.supportlonglong and k.shape[0]:
-            lo, hi = xp.min_max(k)
-            if lo < -2**31 or hi >= 2**31:
-                raise HPSLookupError("HPS: supportlonglong is false but keys hold values outside int32")
-        return k
+        return self._gpu.device_keys(xp, keys)
 
     def _lookup_host_for_device(self, tab, keys, fw, device, return_defaulted):
         """A model without the GPU tier asked with GPU keys or for a device: served by the CPU
@@ -1101,110 +971,6 @@ class ParameterServer:
             if return_defaulted:
                 return (xp.export_array(xp.put(res[0], d), fw), xp.export_array(xp.put(res[1], d), fw))
             return xp.export_array(xp.put(res, d), fw)
-
-    def _lookup_gpu(self, tab: _Table, keys, fw: str, device, return_defaulted: bool):
-        """The GPU tier: the cache of one deployed device, then the CPU tiers for its misses."""
-        xp = self._xp
-        devs = tab.devices
-        if fw:
-            k = self._device_keys(xp, keys)
-            kd = xp.device_of(k)
-            d = kd if device is None else _device_index(device)
-            if kd != d:
-                raise HPSLookupError(f"HPS: keys are on cuda:{kd} but device is cuda:{d}; move them first")
-        else:
-            d = devs[0] if device is None else _device_index(device)
-        cache = tab.gpu.get(d)
-        if cache is None:
-            raise HPSLookupError(f"HPS: model {tab.model!r} is deployed on GPU device(s) {list(devs)} "
-                                 f"(deployed_device_list); device {d} is not one of them")
-        dst = self._gpu_stats[d]
-        with xp.device_context(d):
-            if not fw:
-                hk = self._keys(keys)
-                k = xp.put(hk, d)
-            n = k.shape[0]
-            out = xp.empty((n, tab.dim), np.float32, d)
-            if n == 0:
-                res = xp.get(out) if not fw and device is None else xp.export_array(out, fw)
-                if return_defaulted:
-                    z = np.zeros(0, bool)
-                    return res, (z if not fw and device is None else xp.export_array(xp.put(z, d), fw))
-                return res
-            with self._lock:
-                tab.lookups += 1
-                tab.keys += n
-                epoch = self._epoch
-            t0 = time.perf_counter()
-            miss = cache.lookup(tab.name, k, out)
-            dt = time.perf_counter() - t0
-            m = int(miss.shape[0])
-            with self._lock:
-                st = dst["stats"]       # stats() adds these into tiers["cache"]
-                st.calls += 1
-                st.seconds += dt
-                st.hits += n - m
-                st.misses += m
-            defaulted_pos = None
-            if m:
-                mk = xp.get(xp.take(k, miss))
-                ukeys, inverse = np.unique(mk, return_inverse=True)
-                rows_u, missing_u, _ = self._walk(tab, ukeys, self._paths_below[tab.model], epoch)
-                rows = xp.put(rows_u[inverse], d)             # the misses' rows, one copy
-                xp.scatter(out, miss, rows)
-                if missing_u.size:
-                    udef = np.zeros(ukeys.shape[0], bool)
-                    udef[missing_u] = True
-                    defaulted_pos = udef[inverse]
-                    with self._lock:
-                        tab.defaults_returned += int(np.count_nonzero(defaulted_pos))
-                if tab.dynamic and missing_u.size < ukeys.shape[0]:
-                    if defaulted_pos is None:
-                        ik, irows = xp.take(k, miss), rows
-                    else:   # the defaults do not go into the cache
-                        sel = xp.put(np.flatnonzero(~defaulted_pos), d)
-                        ik, irows = xp.take(k, xp.take(miss, sel)), xp.take(rows, sel)
-                    self._insert_gpu(cache, tab, ik, irows, xp.record(xp.current_stream(d)), epoch,
-                                     sync=(1.0 - m / n) < tab.threshold)
-            host = not fw and device is None
-            res = xp.get(out) if host else xp.export_array(out, fw)
-            if not return_defaulted:
-                return res
-            flags = np.zeros(n, bool)
-            if defaulted_pos is not None:
-                flags[xp.get(miss)] = defaulted_pos
-            return res, (flags if host else xp.export_array(xp.put(flags, d), fw))
-
-    def _insert_gpu(self, cache: GpuCacheTier, tab: _Table, k, v, ready, epoch: int, sync: bool) -> None:
-        """Rows found below a dynamic GPU cache, into it (on its write stream): waited for before
-        lookup returns when this batch's hit rate is below ``hit_rate_threshold``, else enqueued
-        by the background thread (the lookup returns first). Skipped when an update or refresh
-        ran since the lookup began (its rows may be older)."""
-        dst = self._gpu_stats[cache.device]
-
-        def check():
-            with self._lock:
-                return not self._closed and self._current(epoch)
-
-        def go(counter: str):
-            ev = cache.insert_async(tab.name, k, v, ready, check)
-            with self._lock:
-                if ev is None:
-                    dst["inserts_skipped"] += int(k.shape[0])
-                    return
-                dst[counter] += int(k.shape[0])
-                dst["stats"].inserted += int(k.shape[0])
-                self._stats["cache"].inserted += int(k.shape[0])
-                if counter == "sync_inserts":
-                    tab.sync_inserts += int(k.shape[0])
-                else:
-                    tab.async_inserts += int(k.shape[0])
-            ev.synchronize()    # keeps k and v alive until the insert has run
-
-        if sync:
-            go("sync_inserts")
-        else:
-            self._enqueue_call(lambda: go("async_inserts"))
 
     def _current(self, epoch: int) -> bool:
         """True when no update / refresh ran or runs since a lookup saw ``epoch`` (under _lock)."""
@@ -1549,6 +1315,9 @@ class ParameterServer:
             return
         self._did_close = True
         self._stop_inserter()
+        gp = getattr(self, "_gpu", None)
+        if gp is not None:
+            gp.close()
         for tier in [getattr(self, "volatile", None), getattr(self, "persistent", None),
                      *getattr(self, "_caches", {}).values(), *getattr(self, "_gpu_caches", {}).values()]:
             if tier is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -163,12 +164,39 @@ class DeviceArrays:
                 else:
                     raise ValueError(f"DeviceArrays: name must be 'torch' or 'cupy', got {cand!r}")
                 self.name = cand
+                self._setup()
                 return
             except ImportError as e:
                 errors.append(f"{cand}: {e}")
             except RuntimeError as e:
                 errors.append(f"{cand}: {e}")
         raise RuntimeError("the GPU tier needs PyTorch or CuPy with CUDA (" + "; ".join(errors) + ")")
+
+    def _setup(self) -> None:
+        """What the request path reads per call, looked up once: the backend's array type and
+        int64 dtype (identity-compared), its device objects, the raw current-stream getter."""
+        self._devs: dict[int, object] = {}
+        if self.name == "torch":
+            t = self.t
+            self.tensor_type, self.int64, self._f32 = t.Tensor, t.int64, t.float32
+            self.length = operator.methodcaller("size", 0)      # a C method (len() is Python in torch)
+            # What the compiled module is handed: a DLPack capsule made in C. Tensor.__dlpack__
+            # is Python (stream checks, device queries: microseconds per array); the binding
+            # runs on the current stream itself, so those checks have nothing to order.
+            self.to_binding = t.utils.dlpack.to_dlpack
+            self._raw_stream = getattr(t._C, "_cuda_getCurrentRawStream", None)
+        else:
+            self.tensor_type, self.int64, self._f32 = self.cp.ndarray, np.dtype(np.int64), np.float32
+            self.length = len
+            self.to_binding = _same
+            self._raw_stream = None
+
+    def _device(self, device: int):
+        """The backend's device object of ordinal ``device`` (kept: building one costs microseconds)."""
+        dv = self._devs.get(device)
+        if dv is None:
+            dv = self._devs[device] = self.t.device("cuda", device) if self.name == "torch" else device
+        return dv
 
     # -- framework of an object ---------------------------------------------------------------
     @staticmethod
@@ -215,11 +243,20 @@ class DeviceArrays:
             return x.dtype is self.t.int64 and x.dim() == 1 and x.is_contiguous()
         return x.dtype == np.int64 and x.ndim == 1 and x.flags.c_contiguous
 
+    def contiguous(self, x) -> bool:
+        return x.is_contiguous() if self.name == "torch" else x.flags.c_contiguous
+
+    def device_index_of(self, x) -> int:
+        """The CUDA ordinal of a backend array, -1 for a host (CPU) tensor."""
+        if self.name == "torch":
+            return x.get_device()
+        return int(x.device.id)
+
     def dtype_name(self, x) -> str:
         return str(x.dtype).replace("torch.", "")
 
     def device_of(self, x) -> int:
-        return int(x.device.index) if self.name == "torch" else int(x.device.id)
+        return x.get_device() if self.name == "torch" else int(x.device.id)
 
     def as_int64_1d(self, x):
         if self.name == "torch":
@@ -234,12 +271,20 @@ class DeviceArrays:
         with self.cp.cuda.Device(device):
             return self.cp.empty(shape, dtype=dtype)
 
+    def empty_f32(self, n: int, device: int):
+        """An uninitialized 1-D float32 device array of n entries."""
+        if self.name == "torch":
+            return self.t.empty(n, dtype=self._f32, device=self._device(device))
+        return self.cp.empty(n, dtype=np.float32)      # under the caller's device_context
+
     def put(self, a: np.ndarray, device: int, stream=None):
         """Host -> device copy of a (on `stream`, else the current stream of the device)."""
         a = np.ascontiguousarray(a)
         if self.name == "torch":
-            with (self.t.cuda.stream(stream) if stream is not None else contextlib.nullcontext()):
-                return self.t.from_numpy(a).to(f"cuda:{device}")
+            if stream is None:
+                return self.t.from_numpy(a).to(self._device(device))
+            with self.t.cuda.stream(stream):
+                return self.t.from_numpy(a).to(self._device(device))
         with self.cp.cuda.Device(device), (stream if stream is not None else contextlib.nullcontext()):
             return self.cp.asarray(a)
 
@@ -279,6 +324,43 @@ class DeviceArrays:
             return [flat[o:o + n * d].view(n, d) for o, (n, d) in zip(offsets, shapes)]
         return [flat[o:o + n * d].reshape(n, d) for o, (n, d) in zip(offsets, shapes)]
 
+    def row_view(self, flat, offset: int, n: int, dim: int):
+        """``flat[offset:offset + n * dim]`` viewed as ``[n, dim]``."""
+        return flat[offset:offset + n * dim].reshape(n, dim)
+
+    def views(self, flat, segs: list, framework: str) -> list:
+        """Per-table views of a request's output ``flat`` (this backend's), in ``framework``
+        ("torch" / "cupy"; others get this backend's): ``segs`` are runs ``(start, end, dim,
+        sizes)`` of tables of one width lying end to end, each run viewed as ``[-1, dim]`` (1-D
+        for dim 0) and split by its sizes. Crosses DLPack at most once, for the whole buffer."""
+        if framework in ("torch", "cupy") and framework != self.name:
+            flat = self.export_array(flat, framework)
+        else:
+            framework = self.name
+        out = []
+        if framework == "torch":
+            for s, e, d, ns in segs:
+                part = flat[s:e]
+                if d:
+                    part = part.view(-1, d)
+                out.extend(part.split_with_sizes(ns))
+            return out
+        return self.host_views(flat, segs)
+
+    @staticmethod
+    def host_views(flat, segs: list) -> list:
+        """:meth:`views` of a NumPy (or CuPy) array."""
+        out = []
+        for s, e, d, ns in segs:
+            part = flat[s:e]
+            if d:
+                part = part.reshape(-1, d)
+            o = 0
+            for n in ns:
+                out.append(part[o:o + n])
+                o += n
+        return out
+
     def min_max(self, x) -> tuple[int, int]:
         return int(x.min()), int(x.max())
 
@@ -292,7 +374,7 @@ class DeviceArrays:
     def current_stream_ptr(self, device: int) -> int:
         """The current stream's cudaStream_t (PyTorch: read without building a Stream object)."""
         if self.name == "torch":
-            raw = getattr(self.t._C, "_cuda_getCurrentRawStream", None)
+            raw = self._raw_stream
             return int(raw(device)) if raw is not None else int(self.t.cuda.current_stream(device).cuda_stream)
         with self.cp.cuda.Device(device):
             return int(self.cp.cuda.get_current_stream().ptr)
@@ -328,6 +410,10 @@ class DeviceArrays:
         return self.cp.cuda.Device(device)
 
 
+def _same(x):
+    return x
+
+
 def gpu_tier_available() -> tuple[int, str]:
     """(number of visible GPUs, "") when the GPU tier can run here, else (0, the reason).
 
@@ -360,19 +446,25 @@ class _RWLock:
         self._writer = False
         self._waiting = 0
 
-    @contextlib.contextmanager
-    def read(self):
+    def acquire_read(self) -> None:
         with self._cond:
             while self._writer or self._waiting:
                 self._cond.wait()
             self._readers += 1
+
+    def release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def read(self):
+        self.acquire_read()
         try:
             yield
         finally:
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
+            self.release_read()
 
     @contextlib.contextmanager
     def write(self):
@@ -470,20 +562,36 @@ class GpuCacheTier:
         Returns ``(missing, counts)``: table i's miss positions are
         ``missing[k_i : k_i + counts[i]]`` (a device array valid until this thread's next lookup
         on this device). Runs on the current stream of this device, as :meth:`lookup`."""
-        caches = [self._tables[t] for t in tables]
-        missing = self._missing_buffer(int(keys.shape[0]))
-        ptr = self.xp.current_stream_ptr(self.device)
+        return self.lookup_caches(self.raw_caches(tables), keys, sizes, out, out_offsets)
+
+    def raw_caches(self, tables: list) -> list:
+        """The ``CudaEmbeddingCache`` objects of the named tables (what :meth:`lookup_caches`
+        takes; a request path looks them up once per model)."""
+        return [self._tables[t] for t in tables]
+
+    def lookup_caches(self, caches: list, keys, sizes: list, out, out_offsets: list):
+        """:meth:`lookup_many` with the tables given as :meth:`raw_caches` (a list)."""
         sc = self._scratch
+        missing = getattr(sc, "missing", None)
+        n = keys.shape[0]
+        if missing is None or missing.shape[0] < n:
+            missing = self._missing_buffer(int(n))
+        ptr = self.xp.current_stream_ptr(self.device)
         look = getattr(sc, "many", None)
         if look is None:
             look = sc.many = self._core.CudaCacheLookup(self.device)
-        with self._lock.read():
+        lock = self._lock
+        lock.acquire_read()
+        try:
             ev = self._last_write
             if ev is not None and getattr(sc, "waited", None) != (ptr, id(ev)):
                 self.xp.current_stream(self.device).wait_event(ev)
                 sc.waited = (ptr, id(ev))
                 sc.event = ev
-            return missing, look.lookup(caches, keys, sizes, out, out_offsets, missing, ptr)
+            cv = self.xp.to_binding
+            return missing, look.lookup(caches, cv(keys), sizes, cv(out), out_offsets, cv(missing), ptr)
+        finally:
+            lock.release_read()
 
     def insert_many_async(self, items: list, ready, check=None):
         """:meth:`insert_async` of several tables' rows ``[(table, keys, rows), ...]`` under one

@@ -443,6 +443,125 @@ def test_cuda_cache_lookup_matches_per_cache_lookups(rng):
         look.lookup(caches, dev.put(np.concatenate(keys).astype(np.int32)), sizes, out, offs, missing, stream=stream)
 
 
+def _split_flat(flat, sizes, dims):
+    """Per-table [n, dim] host arrays of a sizes= result (rows end to end, no gaps)."""
+    out, o = [], 0
+    for n, d in zip(sizes, dims):
+        out.append(flat[o:o + n * d].reshape(n, d))
+        o += n * d
+    assert o == flat.shape[0], "the flat result holds every table's rows and nothing else"
+    return out
+
+
+@needs_cache
+@pytest.mark.parametrize("cache_type", ["dynamic", "static"])
+def test_lookup_many_sizes_form(tmp_path, rng, cache_type):
+    """lookup_many(flat_keys, sizes=) returns every table's rows end to end in one array (and one
+    defaulted array): the bits of the list form and of the CPU-tier server, for host keys (host
+    rows, or rows on a device) and device keys, with empty tables, absent keys, misses and
+    evictions; bad sizes are clear errors."""
+    dims = [16, 128, 5, 16, 3]
+    tabs = [Tab(tmp_path / f"t{i}", rng, n, d) for i, (n, d) in enumerate(zip([5000, 3000, 2000, 2500, 1500], dims))]
+    js = _json(tabs, cache_type, per=0.05, thr=0.5)
+    dev = _dev()
+    with ParameterServer(js, gpu_cache=True) as g, ParameterServer(js, gpu_cache=False) as c:
+        for step in range(18):
+            qs = _many_keys(tabs, rng, "zipf" if step % 2 else "uniform", empty=step % 5 if step % 3 == 0 else None)
+            sizes = [q.size for q in qs]
+            flat_keys = np.concatenate(qs)
+            want = [c.lookup("m", t, q, return_defaulted=True) for t, q in enumerate(qs)]
+            how = step % 3
+            if how == 0:        # host keys, host rows
+                rows, dflt = g.lookup_many("m", flat_keys, sizes=sizes, return_defaulted=True)
+                assert isinstance(rows, np.ndarray) and isinstance(dflt, np.ndarray)
+            elif how == 1:      # device keys, rows on their device (sizes as a NumPy array)
+                rows, dflt = g.lookup_many("m", dev.put(flat_keys), sizes=np.array(sizes), return_defaulted=True)
+                rows, dflt = dev.get(rows), dev.get(dflt)
+            else:               # host keys, rows on device 0, without the defaulted flags
+                rows, dflt = dev.get(g.lookup_many("m", flat_keys, sizes=sizes, device=0)), None
+            assert rows.dtype == np.float32 and rows.ndim == 1
+            got = _split_flat(rows, sizes, dims)
+            for t, (w, wd) in enumerate(want):
+                np.testing.assert_array_equal(_bits(got[t]), _bits(w), err_msg=f"step {step}, table {t}")
+            if dflt is not None:
+                assert dflt.shape == (flat_keys.size,)
+                np.testing.assert_array_equal(dflt, np.concatenate([wd for _, wd in want]))
+            lst = g.lookup_many("m", qs)
+            for t in range(len(tabs)):
+                np.testing.assert_array_equal(_bits(lst[t]), _bits(want[t][0]))
+        g.wait_background()
+        d0 = g.stats()["tiers"]["cache"]["devices"]["cuda:0"]
+        assert d0["hits"] > 0 and d0["misses"] > 0
+        k = np.concatenate([t.keys[:3] for t in tabs])
+        with pytest.raises(HPSLookupError, match="one entry per table of model 'm' .5., got 2"):
+            g.lookup_many("m", k, sizes=[3, 12])
+        with pytest.raises(HPSLookupError, match="sizes sum to 14 but keys hold 15"):
+            g.lookup_many("m", k, sizes=[3, 3, 3, 3, 2])
+        with pytest.raises(HPSLookupError, match="sizes must be >= 0"):
+            g.lookup_many("m", k, sizes=[3, 3, 3, 9, -3])
+        with pytest.raises(HPSLookupError, match="sizes must be a 1-D sequence of integers"):
+            g.lookup_many("m", k, sizes=[3.0, 3, 3, 3, 3])
+        with pytest.raises(HPSLookupError, match="int64"):
+            g.lookup_many("m", dev.put(k.astype(np.float32)), sizes=[3] * 5)
+        with pytest.raises(HPSLookupError, match=r"device 1 is not one of them"):
+            g.lookup_many("m", k, sizes=[3] * 5, device=1)
+
+
+@needs_cache
+def test_lookup_many_keys_the_fast_branch_does_not_take(tmp_path, rng):
+    """Requests outside the common case (int32, non-contiguous, host-and-device mixed keys) give
+    the rows of the int64 request; bad keys give the per-table errors of the general branch."""
+    tabs = [Tab(tmp_path / "a", rng, 3000, 16), Tab(tmp_path / "b", rng, 2000, 8)]
+    dev = _dev()
+    with ParameterServer(_json(tabs, per=0.2), gpu_cache=True) as ps:
+        small = [t.keys[(t.keys > -2**31) & (t.keys < 2**31)] for t in tabs]
+        assert all(s.size >= 6 for s in small), "the tables hold keys in the int32 range"
+        want = ps.lookup_many("m", small)
+        got = ps.lookup_many("m", [dev.put(s.astype(np.int32)) for s in small])
+        for w, x in zip(want, got):
+            np.testing.assert_array_equal(_bits(dev.get(x)), _bits(w))
+        qs = [t.keys[:400] for t in tabs]
+        want = ps.lookup_many("m", qs)
+        strided = [dev.put(np.repeat(q, 2))[::2] for q in qs]     # non-contiguous device keys
+        for w, x in zip(want, ps.lookup_many("m", strided)):
+            np.testing.assert_array_equal(_bits(dev.get(x)), _bits(w))
+        mixed = ps.lookup_many("m", [qs[0], dev.put(qs[1])])     # host and device keys: rows on the device
+        for w, x in zip(want, mixed):
+            np.testing.assert_array_equal(_bits(dev.get(x)), _bits(w))
+        with pytest.raises(HPSLookupError, match="keys must be int64 .or int32., got dtype"):
+            ps.lookup_many("m", [dev.put(qs[0]), dev.put(np.ones(3, bool))])
+        with pytest.raises(HPSLookupError, match="keys must be 1-D"):
+            ps.lookup_many("m", [qs[0], qs[1].reshape(2, -1)])
+        with pytest.raises(HPSLookupError, match="keys must be integers"):
+            ps.lookup_many("m", [qs[0], qs[1].astype(np.float64)])
+        with pytest.raises(HPSLookupError, match=r"device 1 is not one of them"):
+            ps.lookup_many("m", qs, device=1)
+
+
+def test_lookup_many_sizes_form_cpu_tier(tmp_path, rng):
+    """Where the model's cache is on the CPU, lookup_many(..., sizes=) gives the per-table rows
+    end to end (one flat array, one defaulted array), and checks sizes as on the GPU tier."""
+    tabs = [Tab(tmp_path / "a", rng, 800, 8), Tab(tmp_path / "b", rng, 600, 3), Tab(tmp_path / "c", rng, 300, 4)]
+    with ParameterServer(_json(tabs), gpu_cache=False) as ps:
+        qs = [tabs[0].stream(500, "zipf"), np.zeros(0, np.int64), tabs[2].stream(70, "uniform")]
+        sizes = [q.size for q in qs]
+        rows, dflt = ps.lookup_many("m", np.concatenate(qs), sizes=sizes, return_defaulted=True)
+        got = _split_flat(rows, sizes, [8, 3, 4])
+        for t, q in enumerate(qs):
+            w, wd = ps.lookup("m", t, q, return_defaulted=True)
+            np.testing.assert_array_equal(_bits(got[t]), _bits(w))
+        np.testing.assert_array_equal(dflt, np.concatenate([ps.lookup("m", t, q, return_defaulted=True)[1]
+                                                            for t, q in enumerate(qs)]))
+        assert dflt.any(), "the streams hold absent keys"
+        np.testing.assert_array_equal(ps.lookup_many("m", np.concatenate(qs), sizes=np.array(sizes)), rows)
+        with pytest.raises(HPSLookupError, match="one entry per table of model 'm' .3., got 2"):
+            ps.lookup_many("m", np.concatenate(qs), sizes=sizes[:2])
+        with pytest.raises(HPSLookupError, match="sizes sum to"):
+            ps.lookup_many("m", np.concatenate(qs), sizes=[1, 1, 1])
+        with pytest.raises(HPSLookupError, match="unknown model 'x'"):
+            ps.lookup_many("x", np.concatenate(qs), sizes=sizes)
+
+
 def test_lookup_many_cpu_tier(tmp_path, rng):
     """Where a model's cache is on the CPU, lookup_many answers table by table, as lookup does."""
     tabs = [Tab(tmp_path / "a", rng, 800, 8), Tab(tmp_path / "b", rng, 600, 3)]
