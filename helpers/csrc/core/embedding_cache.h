@@ -186,6 +186,8 @@ class EmbeddingCacheCpu {
 
 namespace embedlab {
 
+class EmbeddingCacheCudaMultiLookup;
+
 // The same cache in device memory. Every method enqueues its work on `stream`; the ones that
 // return a count to the host (a non-null *_host pointer) synchronize the stream once to read it.
 // Keys, rows and outputs are device pointers. One host thread at a time per object (the
@@ -235,6 +237,7 @@ class EmbeddingCacheCuda {
   cudaError_t stats(EmbeddingCacheStats* out, cudaStream_t stream);  // synchronizes
 
  private:
+  friend class EmbeddingCacheCudaMultiLookup;  // reads the device layout into its descriptors
   cudaError_t write(int mode, const int64_t* keys, const float* values, int64_t n, int64_t* count_host,
                     cudaStream_t stream);
 
@@ -281,6 +284,59 @@ class EmbeddingCacheCuda {
   // Page-locked host copy of counters_ (the same words): the synchronous calls read their counts
   // through it, a direct DMA, where a copy into pageable memory is staged by the driver.
   unsigned long long* counters_host_ = nullptr;
+};
+
+// The lookups of several caches of one device as one request, in a constant number of CUDA
+// operations whatever the number of caches: the caches' descriptors in one device array (one
+// host-to-device copy from page-locked memory, skipped when they equal the last ones uploaded),
+// one lookup kernel per group of caches that share a kernel variant (lanes per key, 16-byte
+// copies, where the stamps are: one group for a model of one dim and kind), one miss compaction
+// over every key, one kernel that splits the misses into each cache's local positions and counts,
+// and one device-to-host copy of the counts. Each cache's rows, misses, stamps and statistics are
+// those of its own lookup_enqueue(). The object owns its buffers (grown to the largest request
+// seen) and serves one device (the current one at its first call); one host thread at a time.
+//
+// Example (caches c0, c1 of the current device; keys, out, missing device arrays):
+//   EmbeddingCacheCudaMultiLookup many;
+//   EmbeddingCacheCuda* caches[2] = {&c0, &c1};
+//   int64_t sizes[2] = {n0, n1}, offs[2] = {0, n0 * c0.dim()};
+//   many.enqueue(caches, sizes, offs, 2, keys, out, missing, stream);
+//   cudaStreamSynchronize(stream);   // then many.counts()[i] = table i's misses
+class EmbeddingCacheCudaMultiLookup {
+ public:
+  EmbeddingCacheCudaMultiLookup() = default;
+  ~EmbeddingCacheCudaMultiLookup();
+  EmbeddingCacheCudaMultiLookup(const EmbeddingCacheCudaMultiLookup&) = delete;
+  EmbeddingCacheCudaMultiLookup& operator=(const EmbeddingCacheCudaMultiLookup&) = delete;
+
+  // For each table i of t (host arrays caches, sizes, out_offsets; k_i = sizes[0] + ... +
+  // sizes[i-1]): looks up keys[k_i .. k_i + sizes[i]) in *caches[i], copies the rows of hits to
+  // out + out_offsets[i] as float32[sizes[i], dim_i] (miss rows untouched), and writes the miss
+  // positions (local to table i), ascending, to missing[k_i .. k_i + m_i) (missing: int64[sum of
+  // sizes]). Enqueued on `stream`; m_i lands in counts()[i] once the stream has synchronized
+  // (written at once when every size is 0). Every cache must be on the current device, and the
+  // previous call's work must have completed before the next call (its buffers are reused): the
+  // caller synchronizes the stream after each call. Returns cudaErrorInvalidDevice for a cache of
+  // another device, cudaErrorInvalidValue for a negative size or t < 0.
+  cudaError_t enqueue(EmbeddingCacheCuda* const* caches, const int64_t* sizes, const int64_t* out_offsets, int64_t t,
+                      const int64_t* keys, float* out, int64_t* missing, cudaStream_t stream);
+
+  // Page-locked: counts()[i] = table i's misses of the last enqueue() (after its synchronization).
+  const int64_t* counts() const { return counts_; }
+
+ private:
+  int device_ = -1;
+  char* desc_dev_ = nullptr;   // the descriptors as the kernels read them
+  char* desc_host_ = nullptr;  // page-locked: the bytes last copied into desc_dev_
+  size_t desc_cap_ = 0;        // bytes of each
+  size_t desc_bytes_ = 0;      // bytes of desc_dev_ that hold the last upload (0: none valid)
+  std::vector<char> staging_;  // this call's descriptors, compared with desc_host_
+  std::vector<int64_t> order_; // scratch: the non-empty tables, grouped by kernel variant
+  std::vector<int> variant_;   // scratch: each table's kernel variant
+  void* ws_ = nullptr;         // flags, compacted misses, their count, per-table counts, cub's storage
+  size_t ws_bytes_ = 0;
+  int64_t* counts_ = nullptr;  // page-locked, counts_cap_ entries
+  size_t counts_cap_ = 0;
 };
 
 }  // namespace embedlab

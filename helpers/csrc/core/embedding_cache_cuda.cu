@@ -40,6 +40,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "embedding_cache.h"
 
@@ -216,14 +218,15 @@ constexpr int kSpec = 2;
 #define EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS 8
 #endif
 
+// lookup_key is the work of one group for key i of one cache, shared by the kernel of one cache
+// (lookup_kernel) and the kernel of several (lookup_many_kernel), so that both find, prove, copy,
+// stamp and count alike. flags[i] (may be null) = hit_flag for a hit, 1 - hit_flag for a miss; a
+// miss adds 1 to the cache's miss stripe `stripe` (counters may be null: no counts).
 template <int G, int SPEC, typename T, int STAMPS>
-__global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS : 1)
-    lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n, float* __restrict__ out,
-                  uint8_t* __restrict__ flags, uint8_t hit_flag, const uint32_t* __restrict__ epoch_counter,
-                  unsigned long long* counters) {
-  if (counters && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counters + kLookups, static_cast<unsigned long long>(n));
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
-  if (i >= n) return;
+__device__ __forceinline__ void lookup_key(const Cache& c, const int64_t* __restrict__ keys, int64_t i,
+                                           float* __restrict__ out, uint8_t* __restrict__ flags, uint8_t hit_flag,
+                                           const uint32_t* __restrict__ epoch_counter, unsigned long long* counters,
+                                           unsigned stripe) {
   // The epoch does not change during a lookup: read it up front, beside the key.
   const uint16_t epoch = STAMPS ? static_cast<uint16_t>(__ldg(epoch_counter)) : 0;
   const uint64_t keep = l2_keep_policy();
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
   }
   if (lane == 0 && flags) flags[i] = slot >= 0 ? hit_flag : static_cast<uint8_t>(1 - hit_flag);
   if (slot < 0) {
-    if (lane == 0 && counters) atomicAdd(counters + kStripeBase + blockIdx.x % kStripes, 1ull);
+    if (lane == 0 && counters) atomicAdd(counters + kStripeBase + stripe, 1ull);
     return;
   }
   T* dst = reinterpret_cast<T*>(out) + i * cols;
@@ -292,6 +295,103 @@ __global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_B
   if (STAMPS == kStampInSet && lane == 0) {  // in the sector of the tags just read
     uint16_t* st = c.stamp_in_set(s, slot);
     if (*st != epoch) *st = epoch;
+  }
+}
+
+template <int G, int SPEC, typename T, int STAMPS>
+__global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS : 1)
+    lookup_kernel(Cache c, const int64_t* __restrict__ keys, int64_t n, float* __restrict__ out,
+                  uint8_t* __restrict__ flags, uint8_t hit_flag, const uint32_t* __restrict__ epoch_counter,
+                  unsigned long long* counters) {
+  if (counters && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(counters + kLookups, static_cast<unsigned long long>(n));
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * (kBlock / G) + threadIdx.x / G;
+  if (i >= n) return;
+  lookup_key<G, SPEC, T, STAMPS>(c, keys, i, out, flags, hit_flag, epoch_counter, counters, blockIdx.x % kStripes);
+}
+
+// One cache's part of a multi-cache lookup (EmbeddingCacheCudaMultiLookup), as the kernels read
+// it from device memory.
+struct ManyTable {
+  Cache c;
+  const uint32_t* epoch;
+  unsigned long long* counters;
+  int64_t key_begin;  // its keys are keys[key_begin .. key_begin + n), its flags flags[key_begin ..]
+  int64_t n;          // >= 1 (empty tables get no descriptor)
+  int64_t out_off;    // its rows go to out + out_off
+};
+static_assert(sizeof(ManyTable) % 8 == 0 && alignof(ManyTable) == 8, "ManyTable is copied in 8-byte words");
+
+// The lookups of the caches of one kernel variant in one launch: table j of the group owns
+// blocks [block_begin[j], block_begin[j + 1]) (block_begin[num_tables] = gridDim.x), one group of
+// G lanes per key as in lookup_kernel. A block finds its table with one parallel comparison of
+// the block ranges (one memory round trip, whatever the number of tables), and copies its
+// descriptor into shared memory, from where the per-key work reads it as lookup_kernel reads its
+// parameters. Flags: 1 for a miss, 0 for a hit (what the compaction selects).
+// SPEC = 1 takes the register cap of lookup_kernel's SPEC = 1 variants' use (6 blocks of 256
+// threads per SM): uncapped, the descriptor's fields held in registers would cost a block per SM.
+template <int G, int SPEC, typename T, int STAMPS>
+__global__ void __launch_bounds__(kBlock, SPEC > 1 ? EMBEDLAB_CACHE_LOOKUP_MIN_BLOCKS : 6)
+    lookup_many_kernel(const ManyTable* __restrict__ tables, const int64_t* __restrict__ block_begin, int num_tables,
+                       const int64_t* __restrict__ keys, float* __restrict__ out, uint8_t* __restrict__ flags) {
+  constexpr int kWords = static_cast<int>(sizeof(ManyTable) / 8);
+  static_assert(kWords <= kBlock, "one thread per word of the descriptor");
+  __shared__ union {
+    ManyTable t;
+    int64_t w[kWords];
+  } d;
+  __shared__ int which;
+  __shared__ int64_t first_block;
+  const int64_t b = blockIdx.x;
+  for (int j = threadIdx.x; j < num_tables; j += kBlock) {
+    const int64_t lo = block_begin[j];
+    const int64_t hi = j + 1 < num_tables ? block_begin[j + 1] : static_cast<int64_t>(gridDim.x);
+    if (lo <= b && b < hi) {  // exactly one table owns the block (every range is non-empty)
+      which = j;
+      first_block = lo;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kWords) d.w[threadIdx.x] = reinterpret_cast<const int64_t*>(tables + which)[threadIdx.x];
+  __syncthreads();
+  const ManyTable& t = d.t;
+  const int64_t local = b - first_block;  // the block's index within its table
+  if (local == 0 && threadIdx.x == 0) atomicAdd(t.counters + kLookups, static_cast<unsigned long long>(t.n));
+  const int64_t i = local * (kBlock / G) + threadIdx.x / G;
+  if (i >= t.n) return;
+  lookup_key<G, SPEC, T, STAMPS>(t.c, keys + t.key_begin, i, out + t.out_off, flags + t.key_begin, uint8_t{0},
+                                 t.epoch, t.counters, static_cast<unsigned>(local % kStripes));
+}
+
+// After the compaction of the misses of every table (global positions, ascending, compacted[0 ..
+// *m)): table i's keys are [key_begin[i], key_begin[i + 1]) (t + 1 entries, empty tables
+// included), so its misses are the run of compacted between the lower bounds of key_begin[i] and
+// key_begin[i + 1]. Writes counts[i] (i < t) and, for each miss p of table i, its local position
+// to missing[key_begin[i] + (p - the run's start)]: the layout of one lookup per table.
+__device__ __forceinline__ int64_t lower_bound_i64(const int64_t* a, int64_t n, int64_t v) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < v) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+__global__ void split_misses_kernel(const int64_t* __restrict__ compacted, const int64_t* __restrict__ m_dev,
+                                    const int64_t* __restrict__ key_begin, int t, int64_t* __restrict__ missing,
+                                    int64_t* __restrict__ counts) {
+  const int64_t m = *m_dev;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < m || p < t; p += step) {
+    if (p < t)
+      counts[p] = lower_bound_i64(compacted, m, key_begin[p + 1]) - lower_bound_i64(compacted, m, key_begin[p]);
+    if (p < m) {
+      const int64_t g = compacted[p];
+      // the table: the last i with key_begin[i] <= g (empty tables before it share its begin)
+      const int64_t i = lower_bound_i64(key_begin, int64_t{t} + 1, g + 1) - 1;
+      const int64_t k = key_begin[i];
+      missing[k + (p - lower_bound_i64(compacted, m, k))] = g - k;
+    }
   }
 }
 
@@ -452,41 +552,99 @@ int grid_for(int64_t n, int g) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <int G, int SPEC>
-cudaError_t launch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_t n, float* out, uint8_t* flags,
-                          uint8_t hit_flag, const uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
-  const int64_t blocks = (n + kBlock / G - 1) / (kBlock / G);  // one group per key
-  if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
-  const unsigned grid = static_cast<unsigned>(blocks);
+// The lookup kernel variant of a cache and output: lanes per key G, SPEC elements held per lane,
+// 16-byte copies (vec4: dim % 4 == 0 and a 16-byte-aligned output), where the stamps are. Each
+// variant is one instantiation of lookup_kernel and of lookup_many_kernel.
+struct LookupVariant {
+  int g;
+  int spec;
+  bool vec4;
+  int stamps;
+  int id() const { return ((g * 4 + spec) * 2 + (vec4 ? 1 : 0)) * 4 + stamps; }
+};
+
+LookupVariant lookup_variant(const Cache& c, bool vec4) {
   const int stamps = c.is_static ? kNoStamps : c.row_off ? kStampInSet : c.proof_words ? kStampInProofWord : kStampInSlotWord;
-#define EL_LOOKUP(T, S) lookup_kernel<G, SPEC, T, S><<<grid, kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag, epoch, counters)
-  if (vec4) {
-    if (stamps == kNoStamps) EL_LOOKUP(float4, kNoStamps);
-    else if (stamps == kStampInSet) EL_LOOKUP(float4, kStampInSet);
-    else if (stamps == kStampInProofWord) EL_LOOKUP(float4, kStampInProofWord);
-    else EL_LOOKUP(float4, kStampInSlotWord);
-  } else {
-    if (stamps == kNoStamps) EL_LOOKUP(float, kNoStamps);
-    else if (stamps == kStampInSet) EL_LOOKUP(float, kStampInSet);
-    else if (stamps == kStampInProofWord) EL_LOOKUP(float, kStampInProofWord);
-    else EL_LOOKUP(float, kStampInSlotWord);
-  }
-#undef EL_LOOKUP
-  return cudaGetLastError();
+  const int64_t vecs = vec4 ? c.dim / 4 : c.dim;
+  if (vec4 && vecs <= 4) return {4, 1, vec4, stamps};
+  if (!vec4 && vecs <= 16) return {16, 1, vec4, stamps};
+  return {lookup_lanes_for(vecs, vec4), kSpec, vec4, stamps};
 }
+
+// Calls f.template run<G, SPEC, T, STAMPS>() for variant v (only the variants lookup_variant
+// gives are instantiated).
+template <int G, int SPEC, typename T, typename F>
+cudaError_t visit_stamps(int stamps, F& f) {
+  switch (stamps) {
+    case kNoStamps: return f.template run<G, SPEC, T, kNoStamps>();
+    case kStampInSet: return f.template run<G, SPEC, T, kStampInSet>();
+    case kStampInProofWord: return f.template run<G, SPEC, T, kStampInProofWord>();
+    default: return f.template run<G, SPEC, T, kStampInSlotWord>();
+  }
+}
+
+template <typename F>
+cudaError_t visit_variant(const LookupVariant& v, F& f) {
+  if (v.vec4) {
+    if (v.spec == 1) return visit_stamps<4, 1, float4>(v.stamps, f);
+    switch (v.g) {
+      case 4: return visit_stamps<4, kSpec, float4>(v.stamps, f);
+      case 8: return visit_stamps<8, kSpec, float4>(v.stamps, f);
+      case 16: return visit_stamps<16, kSpec, float4>(v.stamps, f);
+      default: return visit_stamps<32, kSpec, float4>(v.stamps, f);
+    }
+  }
+  if (v.spec == 1) return visit_stamps<16, 1, float>(v.stamps, f);
+  if (v.g == 16) return visit_stamps<16, kSpec, float>(v.stamps, f);
+  return visit_stamps<32, kSpec, float>(v.stamps, f);
+}
+
+// One cache's lookup: one group of G lanes per key.
+struct LaunchLookup {
+  const Cache& c;
+  const int64_t* keys;
+  int64_t n;
+  float* out;
+  uint8_t* flags;
+  uint8_t hit_flag;
+  const uint32_t* epoch;
+  unsigned long long* counters;
+  cudaStream_t stream;
+  template <int G, int SPEC, typename T, int S>
+  cudaError_t run() {
+    const int64_t blocks = (n + kBlock / G - 1) / (kBlock / G);
+    if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+    lookup_kernel<G, SPEC, T, S><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(c, keys, n, out, flags, hit_flag,
+                                                                                      epoch, counters);
+    return cudaGetLastError();
+  }
+};
 
 cudaError_t dispatch_lookup(const Cache& c, bool vec4, const int64_t* keys, int64_t n, float* out, uint8_t* flags,
                             uint8_t hit_flag, const uint32_t* epoch, unsigned long long* counters, cudaStream_t stream) {
-  const int64_t vecs = vec4 ? c.dim / 4 : c.dim;
-  if (vec4 && vecs <= 4) return launch_lookup<4, 1>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
-  if (!vec4 && vecs <= 16) return launch_lookup<16, 1>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
-  switch (lookup_lanes_for(vecs, vec4)) {
-    case 4: return launch_lookup<4, kSpec>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
-    case 8: return launch_lookup<8, kSpec>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
-    case 16: return launch_lookup<16, kSpec>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
-    default: return launch_lookup<32, kSpec>(c, vec4, keys, n, out, flags, hit_flag, epoch, counters, stream);
-  }
+  LaunchLookup f{c, keys, n, out, flags, hit_flag, epoch, counters, stream};
+  return visit_variant(lookup_variant(c, vec4), f);
 }
+
+// The caches of one variant of a multi-cache lookup: `blocks` blocks over `num_tables`
+// descriptors.
+struct LaunchLookupMany {
+  const ManyTable* tables;
+  const int64_t* block_begin;
+  int num_tables;
+  int64_t blocks;
+  const int64_t* keys;
+  float* out;
+  uint8_t* flags;
+  cudaStream_t stream;
+  template <int G, int SPEC, typename T, int S>
+  cudaError_t run() {
+    if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidConfiguration;
+    lookup_many_kernel<G, SPEC, T, S><<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(tables, block_begin,
+                                                                                          num_tables, keys, out, flags);
+    return cudaGetLastError();
+  }
+};
 
 template <int G>
 cudaError_t launch_write(const Cache& c, bool vec4, const int64_t* keys, const float* values, int64_t n, int mode,
@@ -663,6 +821,177 @@ cudaError_t EmbeddingCacheCuda::stats(EmbeddingCacheStats* out, cudaStream_t str
   out->erases = static_cast<int64_t>(v[kErases]);
   out->rejected = static_cast<int64_t>(v[kRejected]);
   return cudaSuccess;
+}
+
+// ---- EmbeddingCacheCudaMultiLookup ---------------------------------------------------------
+//
+// The descriptors (one upload): [ManyTable x e, grouped by variant][block_begin: int64 x e, each
+// group's from 0][key_begin: int64 x (t + 1)], e = the non-empty tables. The workspace: [flags:
+// uint8 x total][compacted: int64 x total][m: int64][counts: int64 x t][cub's temporary storage],
+// each part 256-byte aligned.
+
+namespace {
+size_t round256(size_t b) { return (b + 255) / 256 * 256; }
+}  // namespace
+
+EmbeddingCacheCudaMultiLookup::~EmbeddingCacheCudaMultiLookup() {
+  cudaFree(desc_dev_);
+  cudaFreeHost(desc_host_);
+  cudaFree(ws_);
+  cudaFreeHost(counts_);
+}
+
+cudaError_t EmbeddingCacheCudaMultiLookup::enqueue(EmbeddingCacheCuda* const* caches, const int64_t* sizes,
+                                                   const int64_t* out_offsets, int64_t t, const int64_t* keys,
+                                                   float* out, int64_t* missing, cudaStream_t stream) {
+  if (t < 0 || t >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  int dev = 0;
+  EL_TRY(cudaGetDevice(&dev));
+  if (device_ >= 0 && dev != device_) return cudaErrorInvalidDevice;  // its buffers live on device_
+  int64_t total = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    if (sizes[i] < 0) return cudaErrorInvalidValue;
+    if (caches[i]->device() != dev) return cudaErrorInvalidDevice;
+    total += sizes[i];
+  }
+  if (static_cast<size_t>(t) > counts_cap_) {
+    if (counts_) cudaFreeHost(counts_);
+    counts_ = nullptr;
+    counts_cap_ = 0;
+    EL_TRY(cudaMallocHost(reinterpret_cast<void**>(&counts_), sizeof(int64_t) * static_cast<size_t>(std::max<int64_t>(t, 1))));
+    counts_cap_ = static_cast<size_t>(std::max<int64_t>(t, 1));
+  }
+  device_ = dev;
+  if (total == 0) {
+    std::fill(counts_, counts_ + t, int64_t{0});
+    return cudaSuccess;
+  }
+
+  // A cache's descriptor, member by member (the padding bytes of `c` are left as they are, zero
+  // in the staging buffer, so that equal descriptors compare equal byte for byte).
+  auto fill = [](Cache& c, const EmbeddingCacheCuda& e) {
+    c.headers = e.headers_;
+    c.keys = e.keys_;
+    c.slot_words = e.slot_words_;
+    c.meta = e.meta_;
+    c.values = e.values_;
+    c.num_sets = e.num_sets_;
+    c.dim = e.dim_;
+    c.rec = e.rec();
+    c.row_off = e.row_off();
+    c.ways = e.ways_;
+    c.tag_stride = e.tag_stride();
+    c.meta_stride = e.meta_stride();
+    c.is_static = e.static_;
+    c.proof_words = e.proof_words();
+  };
+  auto variant_of = [&](int64_t i) {
+    Cache c;
+    fill(c, *caches[i]);
+    return lookup_variant(c, c.dim % 4 == 0 && aligned16(out + out_offsets[i]));
+  };
+
+  // The non-empty tables, grouped by kernel variant (stable: in input order within a group).
+  variant_.resize(static_cast<size_t>(t));
+  order_.clear();
+  for (int64_t i = 0; i < t; ++i) {
+    if (!sizes[i]) continue;
+    variant_[i] = variant_of(i).id();
+    order_.push_back(i);
+  }
+  std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) { return variant_[a] < variant_[b]; });
+  const size_t e_count = order_.size();
+  const size_t desc_size = sizeof(ManyTable) * e_count + sizeof(int64_t) * (e_count + static_cast<size_t>(t) + 1);
+  staging_.assign(desc_size, 0);  // zeroed: the padding inside ManyTable compares equal too
+  ManyTable* tab = reinterpret_cast<ManyTable*>(staging_.data());
+  int64_t* blk = reinterpret_cast<int64_t*>(staging_.data() + sizeof(ManyTable) * e_count);
+  int64_t* kbeg = blk + e_count;
+  kbeg[0] = 0;
+  for (int64_t i = 0; i < t; ++i) kbeg[i + 1] = kbeg[i] + sizes[i];
+  // per group: [first descriptor, end), its variant and its blocks
+  struct Group {
+    size_t begin, end;
+    LookupVariant v;
+    int64_t blocks;
+  };
+  std::vector<Group> groups;
+  for (size_t j = 0; j < e_count; ++j) {
+    const int64_t i = order_[j];
+    const EmbeddingCacheCuda& e = *caches[i];
+    ManyTable& d = tab[j];
+    fill(d.c, e);
+    d.epoch = e.epoch_;
+    d.counters = e.counters_;
+    d.key_begin = kbeg[i];
+    d.n = sizes[i];
+    d.out_off = out_offsets[i];
+    const LookupVariant v = variant_of(i);
+    if (groups.empty() || groups.back().v.id() != v.id()) groups.push_back({j, j, v, 0});
+    Group& g = groups.back();
+    blk[j] = g.blocks;
+    g.blocks += (sizes[i] + kBlock / v.g - 1) / (kBlock / v.g);
+    g.end = j + 1;
+  }
+  // The descriptors: uploaded only when they differ from the last upload (the previous call has
+  // completed, so desc_host_ and desc_dev_ hold those bytes).
+  if (desc_size > desc_cap_) {
+    cudaFree(desc_dev_);
+    cudaFreeHost(desc_host_);
+    desc_dev_ = desc_host_ = nullptr;
+    desc_cap_ = desc_bytes_ = 0;
+    const size_t cap = std::max(desc_size, static_cast<size_t>(4096));
+    EL_TRY(cudaMalloc(&desc_dev_, cap));
+    EL_TRY(cudaMallocHost(&desc_host_, cap));
+    desc_cap_ = cap;
+  }
+  if (desc_bytes_ != desc_size || std::memcmp(desc_host_, staging_.data(), desc_size) != 0) {
+    desc_bytes_ = 0;  // invalid until the copy is enqueued
+    std::memcpy(desc_host_, staging_.data(), desc_size);
+    EL_TRY(cudaMemcpyAsync(desc_dev_, desc_host_, desc_size, cudaMemcpyHostToDevice, stream));
+    desc_bytes_ = desc_size;
+  }
+
+  // The workspace.
+  size_t cub_bytes = 0;
+  EL_TRY(cub::DeviceSelect::Flagged(nullptr, cub_bytes, thrust::counting_iterator<int64_t>(0),
+                                    static_cast<const uint8_t*>(nullptr), static_cast<int64_t*>(nullptr),
+                                    static_cast<int64_t*>(nullptr), total));
+  const size_t flags_off = 0;
+  const size_t compacted_off = flags_off + round256(static_cast<size_t>(total));
+  const size_t m_off = compacted_off + round256(sizeof(int64_t) * static_cast<size_t>(total));
+  const size_t counts_off = m_off + 256;
+  const size_t cub_off = counts_off + round256(sizeof(int64_t) * static_cast<size_t>(t));
+  const size_t ws_need = cub_off + round256(cub_bytes);
+  if (ws_need > ws_bytes_) {
+    cudaFree(ws_);
+    ws_ = nullptr;
+    ws_bytes_ = 0;
+    EL_TRY(cudaMalloc(&ws_, ws_need));
+    ws_bytes_ = ws_need;
+  }
+  char* ws = static_cast<char*>(ws_);
+  uint8_t* flags = reinterpret_cast<uint8_t*>(ws + flags_off);
+  int64_t* compacted = reinterpret_cast<int64_t*>(ws + compacted_off);
+  int64_t* m_dev = reinterpret_cast<int64_t*>(ws + m_off);
+  int64_t* counts_dev = reinterpret_cast<int64_t*>(ws + counts_off);
+
+  // One lookup launch per group, one compaction, one split, one copy of the counts.
+  const ManyTable* tab_dev = reinterpret_cast<const ManyTable*>(desc_dev_);
+  const int64_t* blk_dev = reinterpret_cast<const int64_t*>(desc_dev_ + sizeof(ManyTable) * e_count);
+  const int64_t* kbeg_dev = blk_dev + e_count;
+  for (const Group& g : groups) {
+    LaunchLookupMany f{tab_dev + g.begin, blk_dev + g.begin, static_cast<int>(g.end - g.begin), g.blocks, keys, out,
+                       flags, stream};
+    EL_TRY(visit_variant(g.v, f));
+  }
+  EL_TRY(cub::DeviceSelect::Flagged(ws + cub_off, cub_bytes, thrust::counting_iterator<int64_t>(0), flags, compacted,
+                                    m_dev, total, stream));
+  const int64_t work = std::max<int64_t>(total, t);
+  split_misses_kernel<<<grid_for(work, 1), kBlock, 0, stream>>>(compacted, m_dev, kbeg_dev, static_cast<int>(t),
+                                                                 missing, counts_dev);
+  EL_TRY(cudaGetLastError());
+  return cudaMemcpyAsync(counts_, counts_dev, sizeof(int64_t) * static_cast<size_t>(t), cudaMemcpyDeviceToHost,
+                         stream);
 }
 
 }  // namespace embedlab

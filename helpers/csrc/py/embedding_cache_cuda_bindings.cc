@@ -234,10 +234,12 @@ class PyCudaEmbeddingCache {
   }
 };
 
-// The lookups of several caches of one device as one request: every cache's lookup and miss
-// compaction enqueued on one stream, their miss counts copied into one page-locked buffer, one
-// synchronization for all. The object owns the shared workspace and that buffer (both grow to
-// the largest request seen); one thread uses it at a time (a lock serializes calls).
+// The lookups of several caches of one device as one request (EmbeddingCacheCudaMultiLookup):
+// a constant number of CUDA operations whatever the number of tables (one lookup kernel per group
+// of caches sharing a kernel variant, one miss compaction, one split into per-table positions,
+// one copy of the counts), then one synchronization. The core object owns the descriptors,
+// the workspace and the page-locked counts (grown to the largest request seen); one thread uses
+// it at a time (a lock serializes calls).
 class PyCudaCacheLookup {
  public:
   explicit PyCudaCacheLookup(int device) {
@@ -246,10 +248,6 @@ class PyCudaCacheLookup {
     if (device < 0 || device >= n)
       fail(fn, "device must be in [0, " + std::to_string(n) + "), got " + std::to_string(device));
     device_ = device;
-  }
-  ~PyCudaCacheLookup() {
-    if (ws_) cudaFree(ws_);
-    if (counts_) cudaFreeHost(counts_);
   }
 
   // One array each for every table's keys, rows and miss positions (three DLPack imports per
@@ -270,7 +268,6 @@ class PyCudaCacheLookup {
                    std::to_string(missing.device_id()));
     std::vector<PyCudaEmbeddingCache*> cs(t);
     int64_t total = 0, out_end = 0;
-    size_t ws_need = 0;
     const int64_t out_len = static_cast<int64_t>(out.shape(0));
     for (size_t i = 0; i < t; ++i) {
       const std::string at = "[" + std::to_string(i) + "]";
@@ -287,7 +284,6 @@ class PyCudaCacheLookup {
                      std::to_string(cs[i]->core().dim()) + " floats in out of " + std::to_string(out_len));
       out_end = o + n * cs[i]->core().dim();
       total += n;
-      if (n > 0) ws_need = std::max(ws_need, EmbeddingCacheCuda::lookup_workspace_bytes(n));
     }
     if (static_cast<int64_t>(keys.shape(0)) != total)
       fail(fn, "keys must hold sum(sizes) = " + std::to_string(total) + " keys, got " + std::to_string(keys.shape(0)));
@@ -296,6 +292,13 @@ class PyCudaCacheLookup {
                    " entries, got " + std::to_string(missing.shape(0)));
     std::vector<int64_t> counts(t, 0);
     const cudaStream_t s = as_stream(stream);
+    std::vector<EmbeddingCacheCuda*> cores(t);
+    for (size_t i = 0; i < t; ++i) cores[i] = &cs[i]->core();
+    // Every cache's lock, taken in address order (a cache listed twice once), held while the
+    // lookups are enqueued, as one lookup() holds its own.
+    std::vector<PyCudaEmbeddingCache*> locked(cs);
+    std::sort(locked.begin(), locked.end());
+    locked.erase(std::unique(locked.begin(), locked.end()), locked.end());
     cudaError_t e = cudaSuccess;
     const char* what = "lookup";
     {
@@ -304,38 +307,17 @@ class PyCudaCacheLookup {
       int cur = -1;
       e = cudaGetDevice(&cur);
       if (e == cudaSuccess && cur != device_) e = cudaSetDevice(device_);
-      // The previous call synchronized its stream before returning, so the buffers are free.
-      if (e == cudaSuccess && ws_need > ws_bytes_) {
-        what = "allocating the workspace";
-        if (ws_) cudaFree(ws_);
-        ws_ = nullptr;
-        ws_bytes_ = 0;
-        e = cudaMalloc(&ws_, ws_need);
-        if (e == cudaSuccess) ws_bytes_ = ws_need;
-      }
-      if (e == cudaSuccess && t > counts_cap_) {
-        what = "allocating the page-locked counts";
-        if (counts_) cudaFreeHost(counts_);
-        counts_ = nullptr;
-        counts_cap_ = 0;
-        e = cudaMallocHost(reinterpret_cast<void**>(&counts_), sizeof(int64_t) * t);
-        if (e == cudaSuccess) counts_cap_ = t;
-      }
-      int64_t off = 0;
-      bool enqueued = false;
-      for (size_t i = 0; i < t && e == cudaSuccess; ++i) {
-        what = "lookup";
-        const int64_t n = sizes[i];
-        std::lock_guard<std::mutex> cl(cs[i]->mutex());
-        e = cs[i]->core().lookup_enqueue(static_cast<const int64_t*>(keys.data()) + off, n,
-                                         static_cast<float*>(out.data()) + out_offsets[i],
-                                         static_cast<int64_t*>(missing.data()) + off, counts_ + i, ws_, ws_bytes_, s);
-        enqueued = enqueued || n > 0;
-        off += n;
+      if (e == cudaSuccess) {
+        std::vector<std::unique_lock<std::mutex>> held;
+        held.reserve(locked.size());
+        for (PyCudaEmbeddingCache* c : locked) held.emplace_back(c->mutex());
+        e = many_.enqueue(cores.data(), sizes.data(), out_offsets.data(), static_cast<int64_t>(t),
+                          static_cast<const int64_t*>(keys.data()), static_cast<float*>(out.data()),
+                          static_cast<int64_t*>(missing.data()), s);
       }
       // One synchronization for every table (also after an error, so that no enqueued work
       // still uses the buffers).
-      if (enqueued) {
+      if (total > 0) {
         const cudaError_t se = cudaStreamSynchronize(s);
         if (e == cudaSuccess) {
           e = se;
@@ -343,7 +325,7 @@ class PyCudaCacheLookup {
         }
       }
       if (e == cudaSuccess)
-        for (size_t i = 0; i < t; ++i) counts[i] = counts_[i];
+        for (size_t i = 0; i < t; ++i) counts[i] = many_.counts()[i];
     }
     cuda_check(fn, e, what);
     return counts;
@@ -354,10 +336,7 @@ class PyCudaCacheLookup {
  private:
   int device_ = 0;
   std::mutex mu_;
-  void* ws_ = nullptr;          // the shared lookup workspace (stream order keeps the tables apart)
-  size_t ws_bytes_ = 0;
-  int64_t* counts_ = nullptr;   // page-locked: one miss count per table
-  size_t counts_cap_ = 0;
+  EmbeddingCacheCudaMultiLookup many_;
 };
 
 }  // namespace
@@ -416,9 +395,12 @@ EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
   nb::class_<PyCudaCacheLookup>(
       m, "CudaCacheLookup",
       "The lookups of several CudaEmbeddingCache objects of one device as one request, with one host\n"
-      "synchronization: each cache's lookup and miss compaction is enqueued on one stream, the miss\n"
-      "counts go to one page-locked buffer, and the stream is synchronized once. Holds the shared\n"
-      "workspace (grown, with a cudaMalloc, to the largest request seen); one thread at a time.\n\n"
+      "synchronization and a constant number of CUDA launches whatever the number of tables: one lookup\n"
+      "kernel per group of caches sharing a kernel variant (dim class, static/dynamic, 16-byte alignment\n"
+      "of the rows), one miss compaction over every key, one kernel splitting the misses per table, one\n"
+      "copy of the counts into page-locked memory. Each cache's rows, misses, LRU stamps and stats() are\n"
+      "those of its own lookup(). Holds its descriptors and workspace (grown, with a cudaMalloc, to the\n"
+      "largest request seen); one thread at a time.\n\n"
       "Example:\n"
       "    >>> look = CudaCacheLookup(0)                                          # doctest: +SKIP\n"
       "    >>> counts = look.lookup([c0, c1], keys, [n0, n1], out, [0, o1], missing, stream)  # doctest: +SKIP")
@@ -429,6 +411,7 @@ EMBEDLAB_PY_BINDINGS(embedding_cache_cuda) {
            "caches[i], copies the cached rows into out[out_offsets[i] :] as float32[sizes[i], dim_i] (out: a\n"
            "1-D float32 array; offsets ascending, each table's rows after the previous one's; a multiple\n"
            "of 4 keeps the 16-byte copies) and writes the miss positions, ascending, to missing[k_i : k_i + m_i].\n"
-           "Returns [m_0, m_1, ...]. Enqueues everything on `stream` and synchronizes it once.")
+           "Returns [m_0, m_1, ...]. Enqueues everything on `stream` and synchronizes it once (not at all when\n"
+           "every size is 0).")
       .def_prop_ro("device", &PyCudaCacheLookup::device);
 }
