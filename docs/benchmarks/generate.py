@@ -48,8 +48,7 @@ RUNS = {
     "hps": ["hps_amd-epyc-2c_2026-11-23T1441Z.json", "hps_amd-epyc-2c_2026-11-23T1808Z.json"],
     "hps_db": ["hps_db_amd-epyc-2c_2026-11-23T1808Z.json"],
     "hps_gpu": ["hps_gpu_nvidia-h100_2026-11-28T0216Z.json", "hps_gpu_nvidia-h200_2026-11-28T0212Z.json"],
-    "hps_server_gpu": ["hps_server_gpu_nvidia-h100_2026-11-28T0740Z.json",
-                       "hps_server_gpu_nvidia-h200_2026-11-28T0639Z.json"],
+    "hps_server_gpu": ["hps_server_gpu_nvidia-h200_2026-11-28T1001Z.json"],
     "sparse_optimizers_gpu": ["sparse_optimizers_gpu_nvidia-h200_2026-11-28T0940Z.json"],
     "serving": ["serving_amd-epyc-2c_2026-11-23T1443Z.json"],
     "session": ["session_amd-epyc-2c_2026-11-23T1907Z.json", "session_oversub_amd-epyc-2c_2026-11-23T1908Z.json"],
@@ -453,7 +452,9 @@ def sec_hps_server_gpu(out: Path) -> str:
         for r in field(d, "results", file=n):
             ref = r.get("hugectr_tf_hps_a100_whole_model_us")
             rows.append([gpu, r["dim"], f"{r['hit_target']:.0%}", num(r["hit_rate"], 3), f"{r['batch']:,}",
-                         num(r.get("many_ms"), 3), num(r.get("bare_many_ms"), 3), num(r.get("many_host_io_ms"), 3),
+                         num(r["many_ms"], 3), num(r["flat_ms"], 3), num(r["bare_many_ms"], 3),
+                         f"{r['many_minus_bare_many_us']:.0f} / {r['flat_minus_bare_many_us']:.0f}",
+                         num(r["many_host_io_ms"], 3),
                          num(r["server_ms"], 3), num(r["bare_ms"], 3), num(r["server_over_bare"]),
                          num(r["host_io_ms"], 3), num(r.get("cpu_tier_ms"), 3), num(r["lookups_per_s"] / 1e6, 1),
                          num(ref / 1e3, 3) if ref else "-"])
@@ -465,7 +466,8 @@ def sec_hps_server_gpu(out: Path) -> str:
           "batch x tables. The last column is HugeCTR's published figure for its whole DLRM model (**the MLP "
           "included**, ours has none) served by \"TF with HPS\" on an A100 through Triton, beside ours for scale "
           "only. `-`: not measured in that run.\n\n" + table(
-              ["GPU", "dim", "hits (target)", "hit rate", "batch", "lookup_many ms", "bare many ms (floor)",
+              ["GPU", "dim", "hits (target)", "hit rate", "batch", "lookup_many ms", "lookup_many(sizes=) ms",
+               "bare many ms (floor)", "over the floor, us (lookup_many / sizes=)",
                "lookup_many, host keys and rows ms", "lookup per table ms", "bare cache ms (floor)",
                "per table / bare", "per table, host keys and rows ms", "CPU tier ms", "M lookups/s (per table)",
                                 "HugeCTR TF+HPS, A100, whole model incl. MLP, ms (peer)"], rows))
@@ -476,11 +478,10 @@ def sec_hps_server_gpu(out: Path) -> str:
         ax = axes[gpus.index(gpu)][dims.index(dim)]
         rs = sorted(rs, key=lambda r: r["batch"])
         xs = [r["batch"] for r in rs]
-        if any(r.get("many_ms") is not None for r in rs):
-            ax.plot(xs, [r.get("many_ms", float("nan")) for r in rs], "*-", color="#9467bd",
-                    label="ParameterServer.lookup_many, GPU tier")
-            ax.plot(xs, [r.get("bare_many_ms", float("nan")) for r in rs], ":", color=FLOOR,
-                    label="bare cache kernels, all tables (floor of lookup_many)")
+        ax.plot(xs, [r["many_ms"] for r in rs], "*-", color="#9467bd", label="ParameterServer.lookup_many, GPU tier")
+        ax.plot(xs, [r["flat_ms"] for r in rs], "x-", color="#8c564b", label="lookup_many(sizes=), GPU tier")
+        ax.plot(xs, [r["bare_many_ms"] for r in rs], ":", color=FLOOR,
+                label="fused cache kernel, all tables (floor of lookup_many)")
         ax.plot(xs, [r["server_ms"] for r in rs], "o-", color=OURS, label="ParameterServer.lookup per table, GPU tier")
         ax.plot(xs, [r["host_io_ms"] for r in rs], "s-", color=OURS2, label="GPU tier, host keys and rows")
         ax.plot(xs, [r["cpu_tier_ms"] if r.get("cpu_tier_ms") is not None else float("nan") for r in rs], "^-",
