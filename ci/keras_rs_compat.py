@@ -18,9 +18,24 @@ Then pytest runs them with `KERAS_BACKEND=tensorflow` on the CPU (`CUDA_VISIBLE_
 behaviour: trainable tables trained by the model's optimizer) instead of the default.
 
 The result is a table, one line per test: PASS / FAIL / SKIP, and for a failure listed in
-`EXPECTED` why it cannot pass here (XLA, TPU); a failure not listed is reported as such and makes
-the exit status 1. Run it with the project's virtualenv after `make setup` (keras-rs is pinned
-in requirements.txt).
+`EXPECTED` why it does not pass here; a failure not listed is reported as such and makes the exit
+status 1. Run it with the project's virtualenv after `make setup` (keras-rs is pinned in
+requirements.txt).
+
+Results at v0.4.0 (TensorFlow backend, CPU), 102 tests:
+
+* `--variant model`: 89 passed, 0 failed, 13 skipped.
+* default (fused table optimizers): 83 passed, 6 failed (expected), 13 skipped. The 6 are
+  `test_basics_{dense,ragged,sparse}_{auto,default_device}`: they assert Keras-RS's
+  `default_device` contract (the two tables are the layer's trainable variables, for the model's
+  optimizer); with the optimizers fused into the backward (SparseCore's contract, where the test
+  does not assert it) the tables are not trainable. They pass in `--variant model`.
+* The 13 skips are Keras-RS's own on TensorFlow: `test_correctness_*_{ragged,sparse}_2d*_jit`
+  (12: "TODO compilable ragged on TensorFlow", "TF SparseTensor ops are not jit compilable") and
+  `test_mixed_placement` ("requires a TPU").
+* The 12 `test_correctness_*_dense_*_jit` tests (jit_compile=True) pass through the layer's XLA
+  path (`embedlab.keras_rs.xla`); with Keras-RS's two TensorFlow skips removed from the test file
+  by hand, the 12 skipped ragged and sparse jit tests pass too.
 """
 from __future__ import annotations
 
@@ -56,19 +71,17 @@ SUBSTITUTIONS = {
     ],
 }
 
-# Tests that cannot pass here, by name pattern, and why.
-EXPECTED = [
-    (re.compile(r"test_correctness_.*_jit$"),
-     "jit_compile=True: EmbedLab's lookups are custom CPU ops with no XLA lowering (Keras-RS itself "
-     "skips the ragged and sparse jit cases on TensorFlow for the same kind of reason)"),
-]
-EXPECTED_DEFAULT = [
-    (re.compile(r"test_basics_(dense|ragged|sparse)_(auto|default_device)$"),
-     "asserts layer.trainable_variables == the 2 tables (Keras-RS's default_device behaviour); with the "
-     "tables' optimizers fused into the backward (the default, as on SparseCore, where Keras-RS skips this "
-     "assertion) the tables are not trainable and the one trainable variable is bp_trigger; passes with "
-     "--variant model"),
-]
+# Per variant, the tests that fail by design, by name pattern, and why.
+EXPECTED = {
+    "default": [
+        (re.compile(r"test_basics_(dense|ragged|sparse)_(auto|default_device)$"),
+         "asserts layer.trainable_variables == the 2 tables (Keras-RS's default_device behaviour); with the "
+         "tables' optimizers fused into the backward (the default, as on SparseCore, where Keras-RS skips this "
+         "assertion) the tables are not trainable and the one trainable variable is bp_trigger; passes with "
+         "--variant model"),
+    ],
+    "model": [],
+}
 
 # The --variant model module, written beside the tests: the layer with optimizer_in_backward=False.
 VARIANT = '''\
@@ -169,7 +182,7 @@ def main(argv=None):
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
 
-    expected = EXPECTED + (EXPECTED_DEFAULT if args.variant == "default" else [])
+    expected = EXPECTED[args.variant]
     with tempfile.TemporaryDirectory(prefix="keras_rs_compat_") as tmp:
         dest = Path(tmp)
         for e in prepare(args.repo, args.checkout, args.tag, args.variant, dest):

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from ..sparse_input import SparseInput
 
-__all__ = ["feature_input", "COMBINERS"]
+__all__ = ["feature_input", "row_ids", "COMBINERS"]
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -41,7 +41,20 @@ def _rsqrt_rows(keys, weights, rows, nrows):
     return w * tf.gather(scale, rows)
 
 
-def feature_input(ids, weights, combiner: str, max_len=None, where: str = "embedlab.keras_rs"):
+def row_ids(row_splits, nnz):
+    """The row of each of `nnz` entries of CSR `row_splits`, with static shapes (XLA-compilable,
+    unlike `tf.ragged.row_splits_to_segment_ids`): how many rows end at or before each entry.
+
+    Example:
+        >>> row_ids(tf.constant([0, 2, 2, 3], tf.int64), 3).numpy().tolist()
+        [0, 0, 2]
+    """
+    ends = tf.math.unsorted_segment_sum(tf.ones_like(row_splits[1:]), row_splits[1:], nnz + 1)
+    return tf.cumsum(ends)[:-1]
+
+
+def feature_input(ids, weights, combiner: str, max_len=None, where: str = "embedlab.keras_rs",
+                  static_shapes: bool = False):
     """A feature's ids (and weights) as `(SparseInput, kernel combiner, output leading shape)`.
 
     Args:
@@ -51,6 +64,10 @@ def feature_input(ids, weights, combiner: str, max_len=None, where: str = "embed
         combiner: "sum", "mean" or "sqrtn".
         max_len: None, or the most ids a ragged / sparse row keeps (see the module docstring).
         where: names the feature in error messages.
+        static_shapes: truncate ragged / sparse rows by making the dropped ids -1 ("no id")
+            instead of removing them, so that no shape depends on the ids' values (what XLA
+            needs: ragged slicing has no XLA kernel, and `tf.sparse.retain`'s dynamic size
+            cannot drive the XLA path's scatters).
 
     Returns:
         `(x, combiner, lead)`: `x` an `embedlab.SparseInput` of `rows` rows (weights folded in
@@ -78,9 +95,13 @@ def feature_input(ids, weights, combiner: str, max_len=None, where: str = "embed
         n = ids.shape[1] if ids.shape.rank == 2 else None
         if max_len is not None and (n is None or n > max_len):
             keep = ids.indices[:, 1] < max_len
-            ids = tf.sparse.retain(ids, keep)
-            if weights is not None:
-                weights = tf.sparse.retain(weights, keep)
+            if static_shapes:
+                values = tf.cast(ids.values, tf.int64)
+                ids = tf.SparseTensor(ids.indices, tf.where(keep, values, -tf.ones_like(values)), ids.dense_shape)
+            else:
+                ids = tf.sparse.retain(ids, keep)
+                if weights is not None:
+                    weights = tf.sparse.retain(weights, keep)
         if combiner == "sqrtn":
             vals = weights.values if weights is not None else tf.ones_like(ids.values, tf.float32)
             w = _rsqrt_rows(tf.cast(ids.values, tf.int64), vals, ids.indices[:, 0], ids.dense_shape[0])
@@ -91,13 +112,22 @@ def feature_input(ids, weights, combiner: str, max_len=None, where: str = "embed
             raise ValueError(f"{where}: ragged ids must be [batch, None] (ragged rank 1), got shape {ids.shape}")
         if weights is not None and not isinstance(weights, tf.RaggedTensor):
             raise ValueError(f"{where}: ragged ids need ragged weights, got {type(weights).__name__}")
-        if max_len is not None:
+        rows = None
+        if static_shapes:
+            splits = tf.cast(ids.row_splits, tf.int64)
+            values = tf.cast(ids.values, tf.int64)
+            rows = row_ids(splits, tf.shape(values)[0])
+            if max_len is not None:
+                position = tf.range(tf.shape(values, out_type=tf.int64)[0]) - tf.gather(splits, rows)
+                ids = ids.with_values(tf.where(position < max_len, values, -tf.ones_like(values)))
+        elif max_len is not None:
             ids = ids[:, :max_len]
             if weights is not None:
                 weights = weights[:, :max_len]
         if combiner == "sqrtn":
             vals = weights.values if weights is not None else tf.ones_like(ids.values, tf.float32)
-            w = _rsqrt_rows(tf.cast(ids.values, tf.int64), vals, ids.value_rowids(), ids.nrows())
+            w = _rsqrt_rows(tf.cast(ids.values, tf.int64), vals, ids.value_rowids() if rows is None else rows,
+                            ids.nrows())
             weights, combiner = ids.with_values(w), "sum"
         return SparseInput.from_ragged(ids, weights, where=where), combiner, None
     ids = tf.convert_to_tensor(ids)

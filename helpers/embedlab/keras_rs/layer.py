@@ -11,10 +11,12 @@ from keras_rs.src.layers.embedding import distributed_embedding_config as _confi
 from keras_rs.src.layers.embedding.embed_reduce import EmbedReduce as _KerasRsEmbedReduce
 from keras_rs.src.layers.embedding.tensorflow.distributed_embedding import \
     DistributedEmbedding as _KerasRsDistributedEmbedding
+from tensorflow.python.ops import resource_variable_ops
 
 from .. import _lookup, ops
 from .. import optimizers as _el_optimizers  # noqa: F401  (registers them for loading saved models)
 from ..sparse_input import SparseInput
+from . import xla as _xla
 from .inputs import COMBINERS, feature_input
 from .optimizers import optimizer_key, to_embedlab
 
@@ -36,9 +38,24 @@ class EmbedReduce(_KerasRsEmbedReduce):
         [2.0, 2.0]
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Keras compiles a model with XLA ("auto") only when every layer supports it: the custom
+        # kernels are faster than the XLA path (module `xla`), which only explicit XLA gets.
+        self.supports_jit = False
+
     def call(self, inputs, weights=None):
-        x, combiner, lead = feature_input(inputs, weights, self.combiner, None, f"EmbedReduce {self.name!r}")
-        out = ops.fused_embedding_lookup([self.embeddings], [x], [combiner])[0]
+        where = f"EmbedReduce {self.name!r}"
+        xla = _xla.in_xla_context()
+        x, combiner, lead = feature_input(inputs, weights, self.combiner, None, where, static_shapes=xla)
+        if xla:
+            _xla.log_xla_once(where)
+            rows, keys, w, nrows = _xla.flat_ids(x)
+            table = _lookup.as_variable(self.embeddings)
+            out = _xla.pool(lambda k: tf.gather(table, k), rows, keys,
+                            _xla.entry_scales(keys, w, rows, nrows, combiner), nrows)
+        else:
+            out = ops.fused_embedding_lookup([self.embeddings], [x], [combiner])[0]
         return _reshape(out, lead, self.output_dim)
 
 
@@ -138,6 +155,8 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
         super().__init__(_convert_tpu_configs(feature_configs), table_stacking=table_stacking,
                          update_stats=update_stats, **kwargs)
         self._allow_non_tensor_positional_args = True
+        # jit_compile="auto" keeps the custom kernels; explicit XLA gets the XLA path (`xla`).
+        self.supports_jit = False
 
     # ---- construction ---------------------------------------------------------------------
 
@@ -293,6 +312,7 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
         where = f"DistributedEmbedding {self.name!r}"
         n = len(self._table_configs)
         per_table = [[] for _ in range(n)]   # (path, SparseInput, lead) of each table's features
+        xla = _xla.in_xla_context()
         kernel_comb = [None] * n
         for path, x in inputs.items():
             t = self._feature_table[path]
@@ -301,8 +321,10 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
             max_len = shape[-1] if shape is not None and len(shape) >= 2 and isinstance(shape[-1], int) else None
             w = None if weights is None else weights.get(path)
             si, comb, lead = feature_input(x, w, self._table_configs[t].combiner, max_len,
-                                           f"{where}: feature {path!r}")
+                                           f"{where}: feature {path!r}", static_shapes=xla)
             per_table[t].append((path, si, lead, comb))
+        if xla:
+            return self._xla_call(per_table, where)
         # A table pooled "sum" for one feature (one id per row, or sqrtn) and "mean" for another
         # pools "sum" throughout, the mean rows weighted 1 / (their summed weights).
         mixed = [len({c for *_, c in feats}) > 1 for feats in per_table]
@@ -334,6 +356,64 @@ class DistributedEmbedding(_KerasRsDistributedEmbedding):
             parts = [outs[t]] if rows[t] is None else tf.split(outs[t], tf.stack(rows[t]), num=len(feats))
             for (path, _, lead, _), out in zip(feats, parts):
                 result[path] = _reshape(out, lead, dim)
+        return result
+
+    def _xla_call(self, per_table, where):
+        """The lookup (and the fused optimizers in its backward) as XLA-compilable ops: one
+        gather + segment sum per feature; the tables with a fused optimizer in one custom
+        gradient whose backward applies `xla.apply_rows` per table."""
+        _xla.log_xla_once(where)
+        if self._sharding is not None:
+            raise ValueError(f"{where}: sharding={self._sharding!r} cannot be compiled with XLA (its lookup is "
+                             "a collective of embedlab.sok's custom ops); call it without jit_compile=True")
+        result, fused = {}, []   # fused: (table, path, lead, rows, keys, scales, nrows)
+        for t, feats in enumerate(per_table):
+            table = _lookup.as_variable(self._table_layers[t].embeddings)
+            for path, si, lead, comb in feats:
+                rows, keys, w, nrows = _xla.flat_ids(si)
+                scales = _xla.entry_scales(keys, w, rows, nrows, comb)
+                if self._table_optimizer[t] is None:
+                    out = _xla.pool(lambda k, table=table: tf.gather(table, k), rows, keys, scales, nrows)
+                    result[path] = _reshape(out, lead, self._table_configs[t].embedding_dim)
+                else:
+                    fused.append((t, path, lead, rows, keys, scales, nrows))
+        if not fused:
+            return result
+        used = sorted({e[0] for e in fused})
+        pos = {t: i for i, t in enumerate(used)}
+        tables = [self._table_layers[t].embeddings for t in used]
+        variables = [_lookup.as_variable(v) for v in tables]
+        for g, opt in enumerate(self._optimizers):
+            if not opt.built:   # as training_lookup builds it: on all the tables of its group
+                opt.build([layer.embeddings for layer, o in zip(self._table_layers, self._table_optimizer) if o == g])
+
+        @tf.custom_gradient
+        def lookup(trigger, *handles):
+            outs = [_xla.pool(lambda k, h=handles[pos[t]]: resource_variable_ops.resource_gather(h, k, dtype=tf.float32),
+                              rows, keys, scales, nrows)
+                    for t, _, _, rows, keys, scales, nrows in fused]
+
+            def grad(*dys):
+                keys_of, grads_of = {}, {}
+                for (t, _, _, rows, keys, scales, _), out, dy in zip(fused, outs, dys):
+                    dy = tf.zeros_like(out) if dy is None else dy
+                    keys_of.setdefault(t, []).append(keys)
+                    grads_of.setdefault(t, []).append(tf.gather(dy, rows) * scales[:, None])
+                for g, opt in enumerate(self._optimizers):
+                    ts = [t for t in used if self._table_optimizer[t] == g]
+                    if not ts:
+                        continue
+                    applied = [_xla.apply_rows(opt, tables[pos[t]], tf.concat(keys_of[t], 0),
+                                               tf.concat(grads_of[t], 0)) for t in ts]
+                    with tf.control_dependencies(applied):
+                        opt.iterations.assign_add(1)
+                return [tf.zeros_like(trigger)] + [None] * len(handles)
+
+            return outs, grad
+
+        outs = lookup(tf.convert_to_tensor(_lookup.as_variable(self.bp_trigger)), *[v.handle for v in variables])
+        for (t, path, lead, *_), out in zip(fused, outs):
+            result[path] = _reshape(out, lead, self._table_configs[t].embedding_dim)
         return result
 
     # ---- tables ---------------------------------------------------------------------------
