@@ -55,7 +55,8 @@ RUNS = {
     "sok": ["sok_amd-epyc-2c_2026-11-23.json", "sok_2workers_amd-epyc-2c_2026-11-23.json",
             "sok_gpu_routing_nvidia-h100_2026-11-28T0216Z.json", "sok_gpu_routing_nvidia-h200_2026-11-28T0212Z.json"],
     "plugin_layer": ["plugin_layer_intel-xeon-2c_2026-11-28T0843Z.json"],
-    "keras_rs": ["keras_rs_intel-xeon-2c_2026-11-28T0737Z.json"],
+    "keras_rs": ["keras_rs_intel-xeon-2c_2026-11-28T1012Z.json", "keras_rs_intel-xeon-2c_2026-11-28T1014Z.json",
+                 "keras_rs_intel-xeon-2c_2026-11-28T1013Z.json"],
 }
 
 PEER = "#7f7f7f"      # peers and baselines: grey
