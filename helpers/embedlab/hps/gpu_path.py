@@ -6,12 +6,12 @@ buffer on the device, one call of ``CudaCacheLookup`` (every table's cache looku
 the current stream, one host synchronization), then, only where there were misses, the tiers
 below and the cache inserts. The all-hits path does a constant amount of Python work per
 request plus a few attribute reads per table: what is fixed for a model (its tables, their
-caches, names and dims) is looked up once into a :class:`_Plan`, the output layout of a
+caches, names and dims) is looked up once into a ``_Plan``, the output layout of a
 request shape (offsets, runs of equal-width tables) is kept per shape, and keys and rows cross
 DLPack once per request. Keys or arguments that are not the common case (another framework
 than the backend's, int32 keys, mixed host and device keys, bad input) take the general
 branch, which checks each table's keys and raises the errors documented on
-:meth:`ParameterServer.lookup`.
+:meth:`~embedlab.hps.ParameterServer.lookup`.
 
 No TensorFlow here (the server runs without it).
 """
@@ -104,7 +104,7 @@ def device_index(device, error) -> int:
 
 
 class GpuPath:
-    """The GPU tier's lookups, cache inserts and device keys for one :class:`ParameterServer`
+    """The GPU tier's lookups, cache inserts and device keys for one :class:`~embedlab.hps.ParameterServer`
     (its counters, lock, epoch and lower tiers are the server's).
 
     Args:

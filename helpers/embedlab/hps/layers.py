@@ -14,7 +14,7 @@ implicit initialisation).
 On a CUDA build of the op library the op also has a GPU kernel (``csrc/tf/hps_kernels_gpu.cc``),
 chosen when TensorFlow places the op on a GPU. It hands the keys' device pointer, the output's
 device pointer, the CUDA device and TensorFlow's stream to a second callback registered here,
-:func:`embedlab.hps._tf_device._device_lookup_callback` (no TensorFlow in that module, so it is
+``embedlab.hps._tf_device._device_lookup_callback`` (no TensorFlow in that module, so it is
 tested on the GPU machine): the server's GPU tier serves the table on TensorFlow's stream when
 it holds it on that device; otherwise the kernel goes through the host callback (one copy of the
 keys to the host, one of the rows back), logged once per model, table and device.
