@@ -20,7 +20,6 @@ from embedlab.keras_rs import xla as _xla  # noqa: E402
 
 TC, FC = keras_rs.layers.TableConfig, keras_rs.layers.FeatureConfig
 B, V = 16, 40
-HELPERS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _layer(opts, combiner, seed):
@@ -201,7 +200,7 @@ def test_model_export_serves_the_same_outputs_in_a_fresh_process(rng, tmp_path):
         np.testing.assert_allclose(np.asarray(got), np.load(path + "/want.npy"), rtol=1e-6)
         print("served")
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HELPERS] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-               TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    # The child imports embedlab as this process does (the installed package, or PYTHONPATH's).
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "served" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
