@@ -14,6 +14,7 @@
 #include "tensorflow/core/framework/tensor.h"
 
 #include "hps_callbacks.h"
+#include "hps_op.h"
 
 namespace {
 std::atomic<EmbedLabHpsLookupFn> g_lookup{nullptr};
@@ -53,23 +54,14 @@ extern "C" __attribute__((visibility("default"))) int embedlab_hps_has_gpu_kerne
 namespace tensorflow {
 namespace {
 
-class HpsLookupOp : public OpKernel {
+class HpsLookupOp : public HpsLookupKernel {
  public:
-  explicit HpsLookupOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("model_name", &model_));
-    OP_REQUIRES_OK(c, c->GetAttr("table_id", &table_id_));
-    OP_REQUIRES_OK(c, c->GetAttr("emb_vec_size", &dim_));
-    OP_REQUIRES_OK(c, c->GetAttr("ps_config_file", &config_));
-    OP_REQUIRES_OK(c, c->GetAttr("global_batch_size", &global_batch_size_));
-    OP_REQUIRES(c, !model_.empty(), errors::InvalidArgument("EmbedLabHpsLookup: model_name must not be empty"));
-  }
+  explicit HpsLookupOp(OpKernelConstruction* c) : HpsLookupKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids = ctx->input(0);
-    TensorShape out_shape = ids.shape();
-    out_shape.AddDim(dim_);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    OP_REQUIRES_OK(ctx, AllocateRows(ctx, &out));
     const int64_t n = ids.NumElements();
     if (n == 0) return;
     EmbedLabHpsLookupFn fn = g_lookup.load();
@@ -96,10 +88,6 @@ class HpsLookupOp : public OpKernel {
                 errors::InvalidArgument("EmbedLabHpsLookup(model_name='", model_, "', table_id=", table_id_,
                                         "): ", err[0] ? err : "the parameter server failed"));
   }
-
- private:
-  std::string model_, config_;
-  int64_t table_id_ = 0, dim_ = 1, global_batch_size_ = 1;
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabHpsLookup").Device(DEVICE_CPU), HpsLookupOp);

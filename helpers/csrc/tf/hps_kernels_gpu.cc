@@ -28,29 +28,22 @@
 
 #include "adapter_gpu.h"
 #include "hps_callbacks.h"
+#include "hps_op.h"
 
 namespace tensorflow {
 namespace {
 
 template <typename Tid>
-class HpsLookupGpuOp : public OpKernel {
+class HpsLookupGpuOp : public HpsLookupKernel {
  public:
-  explicit HpsLookupGpuOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("model_name", &model_));
-    OP_REQUIRES_OK(c, c->GetAttr("table_id", &table_id_));
-    OP_REQUIRES_OK(c, c->GetAttr("emb_vec_size", &dim_));
-    OP_REQUIRES_OK(c, c->GetAttr("ps_config_file", &config_));
-    OP_REQUIRES_OK(c, c->GetAttr("global_batch_size", &global_batch_size_));
-    OP_REQUIRES(c, !model_.empty(), errors::InvalidArgument("EmbedLabHpsLookup: model_name must not be empty"));
+  explicit HpsLookupGpuOp(OpKernelConstruction* c) : HpsLookupKernel(c) {
     OP_REQUIRES_OK(c, CheckCudaVersions("EmbedLabHpsLookup"));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& ids = ctx->input(0);
-    TensorShape out_shape = ids.shape();
-    out_shape.AddDim(dim_);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    OP_REQUIRES_OK(ctx, AllocateRows(ctx, &out));
     const int64_t n = ids.NumElements();
     if (n == 0) return;
     EmbedLabHpsDeviceLookupFn fn = embedlab_hps_device_lookup_callback();
@@ -132,9 +125,6 @@ class HpsLookupGpuOp : public OpKernel {
   std::string Where() const {
     return strings::StrCat("EmbedLabHpsLookup(model_name='", model_, "', table_id=", table_id_, ") on a GPU");
   }
-
-  std::string model_, config_;
-  int64_t table_id_ = 0, dim_ = 1, global_batch_size_ = 1;
 };
 
 REGISTER_KERNEL_BUILDER(Name("EmbedLabHpsLookup").Device(DEVICE_GPU).TypeConstraint<int64_t>("Tid"),
