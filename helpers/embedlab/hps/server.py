@@ -826,23 +826,6 @@ class ParameterServer:
             flat, flags = xp.export_array(flat, fw), xp.export_array(flags, fw)
         return (flat, flags) if return_defaulted else flat
 
-    # The GPU tier's request path lives in gpu_path.py; these names stay for callers of the
-    # server's internals (the lookup layer's GPU op path).
-    def _lookup_gpu(self, tab: _Table, keys, fw: str, device, return_defaulted: bool):
-        """The GPU tier for one table (see :meth:`GpuPath.lookup_one`)."""
-        return self._gpu.lookup_one(tab, keys, fw, device, return_defaulted)
-
-    def _lookup_gpu_many(self, tabs: list, keys: list, device, return_defaulted: bool):
-        """The GPU tier for several tables of one model: one device, one synchronization."""
-        plan = self._gpu.plan(tabs[0].model, tuple(t.index for t in tabs))
-        return self._gpu.lookup_many_list(plan, list(keys), device, return_defaulted)
-
-    def _insert_gpu_many(self, cache: GpuCacheTier, items: list, ready, epoch: int, sync: bool) -> None:
-        self._gpu.insert_many(cache, items, ready, epoch, sync)
-
-    def _insert_gpu(self, cache: GpuCacheTier, tab: _Table, k, v, ready, epoch: int, sync: bool) -> None:
-        self._gpu.insert_many(cache, [(tab, k, v)], ready, epoch, sync)
-
     def _walk(self, tab: _Table, ukeys: np.ndarray, path: list, epoch: int):
         """Looks unique keys up in `path` (the tiers, top down), each tier asked for the keys the
         tiers above it did not hold; fills defaults; moves rows up into the volatile DB. Returns

@@ -594,8 +594,11 @@ class GpuCacheTier:
             lock.release_read()
 
     def insert_many_async(self, items: list, ready, check=None):
-        """:meth:`insert_async` of several tables' rows ``[(table, keys, rows), ...]`` under one
-        hold of the write order and one event (None when ``check()`` refuses them)."""
+        """Enqueues the insertion of several tables' device rows ``[(table, keys, rows), ...]``
+        (after event `ready`, where they were produced) on the write stream, under one hold of the
+        write order; returns its one event, or None when ``check()`` (called with the order fixed,
+        no lookup in flight) says the rows must not go in. The caller keeps keys and rows alive
+        until the event has completed."""
         with self._lock.write():
             if check is not None and not check():
                 return None
@@ -604,22 +607,6 @@ class GpuCacheTier:
                 ws.wait_event(ready)
             for table, keys, rows in items:
                 self._tables[table].insert(keys, rows, stream=self._write_ptr, sync=False)
-            ev = self.xp.record(ws)
-            self._last_write = ev
-            return ev
-
-    def insert_async(self, table: str, keys, rows, ready, check=None):
-        """Enqueues the insertion of device rows (after event `ready`, where they were produced)
-        on the write stream; returns its event, or None when ``check()`` (called with the order
-        fixed, no lookup in flight) says the rows must not go in. The caller keeps keys and rows
-        alive until the event has completed."""
-        with self._lock.write():
-            if check is not None and not check():
-                return None
-            ws = self._write_stream
-            if ready is not None:
-                ws.wait_event(ready)
-            self._tables[table].insert(keys, rows, stream=self._write_ptr, sync=False)
             ev = self.xp.record(ws)
             self._last_write = ev
             return ev
